@@ -1,0 +1,264 @@
+"""Long-skip scaling: how each long skip connection enters its decoder block.
+
+The paper writes a UNet with ``N`` long skip connections (LSCs) recursively (its Eq. 3)::
+
+    f_{i-1}(x) = b_i( kappa_i * a_i(x) + f_i(a_i(x)) ),    i = 1 .. N,
+
+with encoder blocks ``a_i``, decoder blocks ``b_i``, the bottleneck ``f_N`` and the UNet output
+``f_0(x_t)``. **Skip i = 1 is the outermost** (highest resolution, first encoder block, last
+decoder block); skip ``N`` sits next to the bottleneck. Our models merge by concatenation
+(``b_i`` starts with a linear map of ``[h, kappa_i * skip]``), which is the additive form with the
+skip half of that map's weight absorbing the sum.
+
+A :class:`SkipScaling` object is handed to a model, which calls :meth:`SkipScaling.bind` once with
+the width of every skip (channels for the conv UNet, tokens for the U-ViT) and then, at merge
+``i``, ``h, skip = scaling(h, skip, i)``. The methods:
+
+============== =============================================== ========================
+name           kappa_i                                         official ``scalelong``
+============== =============================================== ========================
+``none``       1                                               0
+``sqrt2-cs``   1 / sqrt(2) for every skip                      1
+``cs``         ``kappa ** (i - 1)`` (the paper's Eq. 8)        2
+``ls``         a learned gate, one network for all skips       3
+``ls-per-skip`` a learned gate, one network per skip           4
+``block-output`` 1; the decoder stream is scaled instead        --
+============== =============================================== ========================
+
+``block-output`` is the residual scaling of Hanin & Rolnick (2018), which the NeurIPS reviewer
+asks to compare with: the skip is left alone and the stream arriving from the deeper network,
+``f_i(a_i(x))``, is multiplied by ``eta_i = eta ** i``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def check_kappa(kappa: float, name: str = "kappa") -> float:
+    """Return ``kappa`` as a float, or raise a ValueError that says what a valid value is."""
+    try:
+        value = float(kappa)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {kappa!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0 (the paper suggests 0.5 to 0.95), got {kappa!r}")
+    return value
+
+
+def cs_coefficients(kappa: float, n_skips: int) -> list[float]:
+    """The paper's Eq. (8): ``kappa_i = kappa ** (i - 1)`` for i = 1 (outermost) .. N."""
+    kappa = check_kappa(kappa)
+    if n_skips < 1:
+        raise ValueError(f"n_skips must be >= 1, got {n_skips}")
+    return [kappa**i for i in range(n_skips)]
+
+
+class SkipScaling(nn.Module):
+    """No scaling (``kappa_i = 1``) and the interface every method shares.
+
+    Subclasses override :meth:`kappa` (the coefficient applied to skip ``i``) or, for methods
+    that act elsewhere, :meth:`forward`.
+    """
+
+    method = "none"
+
+    def __init__(self):
+        super().__init__()
+        self.widths: tuple[int, ...] = ()
+
+    @property
+    def n_skips(self) -> int:
+        """``N``, known once a model has called :meth:`bind`."""
+        return len(self.widths)
+
+    def bind(self, widths: Sequence[int]) -> None:
+        """Called by the model with the width of each skip, i = 1 .. N (channels or tokens)."""
+        widths = tuple(int(w) for w in widths)
+        if not widths or min(widths) < 1:
+            raise ValueError(f"a model needs at least one skip of positive width, got {widths}")
+        self.widths = widths
+
+    def _check_index(self, i: int) -> None:
+        if not self.widths:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a model yet; pass it to a model first")
+        if not 1 <= i <= self.n_skips:
+            raise IndexError(f"skip index must be in 1 .. {self.n_skips} (1 = outermost), got {i}")
+
+    def kappa(self, skip: Tensor, i: int) -> Tensor | float:
+        """The coefficient of skip ``i``: a float, or a tensor broadcastable to ``skip``."""
+        return 1.0
+
+    def forward(self, h: Tensor, skip: Tensor, i: int) -> tuple[Tensor, Tensor]:
+        """Scale the inputs of decoder block ``b_i``: returns ``(h, kappa_i * skip)``.
+
+        Args:
+            h: the decoder stream ``f_i(a_i(x))`` arriving at merge ``i``.
+            skip: the encoder feature ``a_i(x)``, (B, G, ...) with G the gated axis
+                (channels of a conv feature map, tokens of a U-ViT sequence).
+        """
+        self._check_index(i)
+        k = self.kappa(skip, i)
+        return h, (skip if isinstance(k, float) and k == 1.0 else skip * k)
+
+    @torch.no_grad()
+    def effective_kappas(self, skips: Sequence[Tensor]) -> Tensor:
+        """The mean coefficient of every skip for this batch, (N,) float32, i = 1 first.
+
+        Args:
+            skips: the encoder features ``a_1(x) .. a_N(x)`` of one batch.
+        """
+        if len(skips) != self.n_skips:
+            raise ValueError(f"expected {self.n_skips} skip features, got {len(skips)}")
+        values = []
+        for i, skip in enumerate(skips, start=1):
+            self._check_index(i)
+            k = self.kappa(skip, i)
+            values.append(k.float().mean().item() if isinstance(k, Tensor) else float(k))
+        return torch.tensor(values, dtype=torch.float32)
+
+    def extra_repr(self) -> str:
+        return f"method={self.method!r}, n_skips={self.n_skips}"
+
+
+class ConstantScaling(SkipScaling):
+    """Fixed coefficients: ``sqrt2-cs`` (all ``1/sqrt(2)``) or ``cs`` (``kappa ** (i-1)``, Eq. 8)."""
+
+    def __init__(self, kappa: float = 0.5, exponential: bool = True):
+        super().__init__()
+        self.kappa_value = check_kappa(kappa)
+        self.exponential = exponential
+        self.method = "cs" if exponential else "sqrt2-cs"
+        self.coefficients: tuple[float, ...] = ()
+
+    def bind(self, widths: Sequence[int]) -> None:
+        super().bind(widths)
+        n = self.n_skips
+        self.coefficients = tuple(cs_coefficients(self.kappa_value, n) if self.exponential else [self.kappa_value] * n)
+
+    def kappa(self, skip: Tensor, i: int) -> float:
+        return self.coefficients[i - 1]
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", kappa={self.kappa_value:g}"
+
+
+class Calibration(nn.Module):
+    """The LS calibration network ``zeta_phi`` (the paper's Eq. 9), squeeze-and-excitation shaped.
+
+    ``gate = sigmoid(W2 relu(W1 GAP(x)))`` where GAP averages every axis after the gated one:
+    for a U-ViT skip (B, L, D) it averages the embedding and gates the L tokens; for a conv skip
+    (B, C, H, W) it averages H x W and gates the C channels.
+
+    Args:
+        width: size G of the gated axis.
+        reduction: hidden size is ``max(G // reduction, 1)`` (the paper uses 16).
+    """
+
+    def __init__(self, width: int, reduction: int = 16):
+        super().__init__()
+        hidden = max(width // reduction, 1)
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Gates in (0, 1), shape (B, G, 1, ...) broadcastable to ``x`` of shape (B, G, ...)."""
+        gate = torch.sigmoid(self.fc2(F.relu(self.fc1(x.flatten(2).mean(-1)))))
+        return gate.view(*gate.shape, *([1] * (x.dim() - 2)))
+
+
+class LearnableScaling(SkipScaling):
+    """LS: ``kappa_i`` predicted per sample and per channel/token by a calibration network.
+
+    Args:
+        per_skip: one :class:`Calibration` per skip (official ``scalelong=4``) instead of one
+            shared by all skips (``scalelong=3``). Sharing needs every skip to have the same width.
+        reduction: the calibration network's reduction ratio.
+        n_skips: optional; when given, binding to a model with a different ``N`` raises.
+    """
+
+    def __init__(self, per_skip: bool = False, reduction: int = 16, n_skips: int | None = None):
+        super().__init__()
+        if reduction < 1:
+            raise ValueError(f"reduction must be >= 1, got {reduction}")
+        self.per_skip, self.reduction, self.expected_n = per_skip, reduction, n_skips
+        self.method = "ls-per-skip" if per_skip else "ls"
+        self.nets = nn.ModuleList()
+
+    def bind(self, widths: Sequence[int]) -> None:
+        if len(self.nets):
+            raise RuntimeError("this LearnableScaling already belongs to a model; create a new one per model")
+        super().bind(widths)
+        if self.expected_n is not None and self.expected_n != self.n_skips:
+            raise ValueError(
+                f"LS was created with n_skips={self.expected_n} but the model has N = {self.n_skips} long skips; "
+                f"use n_skips={self.n_skips} or leave it out"
+            )
+        if self.per_skip:
+            self.nets.extend(Calibration(w, self.reduction) for w in self.widths)
+        elif len(set(self.widths)) > 1:
+            raise ValueError(
+                f"shared LS needs every skip to have the same width, got {list(self.widths)}; "
+                "use method 'ls-per-skip', or a model whose skips share one width"
+            )
+        else:
+            self.nets.append(Calibration(self.widths[0], self.reduction))
+
+    def kappa(self, skip: Tensor, i: int) -> Tensor:
+        return self.nets[i - 1 if self.per_skip else 0](skip)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", reduction={self.reduction}"
+
+
+class BlockOutputScaling(SkipScaling):
+    """Hanin & Rolnick (2018): scale the deeper branch by ``eta_i = eta ** i``, not the skip."""
+
+    method = "block-output"
+
+    def __init__(self, eta: float = 0.5):
+        super().__init__()
+        self.eta = check_kappa(eta, "eta")
+
+    def stream_coefficient(self, i: int) -> float:
+        """``eta_i``, the factor on the decoder stream ``f_i(a_i(x))`` at merge ``i``."""
+        self._check_index(i)
+        return self.eta**i
+
+    def forward(self, h: Tensor, skip: Tensor, i: int) -> tuple[Tensor, Tensor]:
+        return h * self.stream_coefficient(i), skip
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", eta={self.eta:g}"
+
+
+METHODS = ("none", "sqrt2-cs", "cs", "ls", "ls-per-skip", "block-output")
+
+
+def make_scaling(method: str, kappa: float = 0.5, **kwargs) -> SkipScaling:
+    """Build a skip-scaling object by name (see the module docstring for the table).
+
+    Args:
+        method: one of :data:`METHODS`.
+        kappa: the CS base ``kappa`` (``cs``) or the Hanin-Rolnick ``eta`` (``block-output``);
+            ignored by the others.
+        kwargs: passed to :class:`LearnableScaling` (``reduction``, ``n_skips``).
+    """
+    if kwargs and method not in ("ls", "ls-per-skip"):
+        raise TypeError(f"method {method!r} takes no options besides kappa, got {sorted(kwargs)}")
+    if method == "none":
+        return SkipScaling()
+    if method == "sqrt2-cs":
+        return ConstantScaling(2**-0.5, exponential=False)
+    if method == "cs":
+        return ConstantScaling(kappa, exponential=True)
+    if method in ("ls", "ls-per-skip"):
+        return LearnableScaling(per_skip=method == "ls-per-skip", **kwargs)
+    if method == "block-output":
+        return BlockOutputScaling(kappa)
+    raise ValueError(f"unknown skip-scaling method {method!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,87 @@
+"""Tests of scalelong_edu.models: the official U-ViT's parameter counts, shapes, gradients."""
+
+import pytest
+import torch
+
+from scalelong_edu.diffusion import eps_loss, linear_schedule
+from scalelong_edu.models import PRESETS, UNet, UViT, build_model, count_parameters
+from scalelong_edu.scaling import METHODS, make_scaling
+
+# Parameter counts of the official U-ViT (sail-sg/ScaleLong, libs/uvit.py), read by instantiating
+# it with scalelong = 0 / 3 / 4 (none / LS shared / LS per skip) at each configuration.
+OFFICIAL_UVIT_COUNTS = [
+    (dict(img_size=32, patch_size=2, in_chans=3, embed_dim=512, depth=12, num_heads=8), (44_255_328, 44_263_825, 44_306_310)),
+    (dict(img_size=64, patch_size=4, in_chans=3, embed_dim=512, depth=12, num_heads=8), (44_292_228, 44_300_725, 44_343_210)),
+    (
+        dict(img_size=64, patch_size=4, in_chans=3, embed_dim=768, depth=16, num_heads=12, mlp_time_embed=True, num_classes=1000),
+        (135_662_724, 135_671_254, 135_730_964),
+    ),
+    (dict(img_size=32, patch_size=4, in_chans=1, embed_dim=128, depth=12, num_heads=4), (2_782_746, 2_783_335, 2_786_280)),
+    (dict(img_size=16, patch_size=2, in_chans=1, embed_dim=64, depth=4, num_heads=2, qkv_bias=True), (271_310, 271_899, 272_488)),
+]
+
+
+@pytest.mark.parametrize("config, counts", OFFICIAL_UVIT_COUNTS)
+def test_uvit_parameter_count_equals_the_official_model(config, counts):
+    with torch.device("meta"):  # counts only: no memory for the 135M model
+        got = tuple(count_parameters(UViT(scaling=make_scaling(m), **config)) for m in ("none", "ls", "ls-per-skip"))
+    assert got == counts
+
+
+@pytest.mark.parametrize("chans", [1, 3])
+@pytest.mark.parametrize("size", [16, 32])
+@pytest.mark.parametrize("preset", ["unet-ci", "unet-s", "uvit-ci", "uvit-s"])
+def test_output_shape_equals_input_shape(preset, chans, size):
+    model = build_model(preset, chans, size)
+    x = torch.randn(2, chans, size, size)
+    assert model(x, torch.tensor([0.0, 999.0])).shape == x.shape
+
+
+def test_n_skips_follows_the_configuration():
+    assert UNet(base_channels=16, channel_mults=(1, 1, 1, 1), blocks_per_level=3).n_skips == 12
+    assert UViT(img_size=16, patch_size=4, embed_dim=32, depth=20, num_heads=2).n_skips == 10
+    for model in (build_model("unet-s", 1, 32), build_model("uvit-s", 1, 32)):
+        assert len(model.encoder_blocks) == len(model.decoder_blocks) == model.n_skips == 6
+
+
+def test_unet_skips_mirror_resolutions():
+    model = UNet(in_chans=1, base_channels=16, channel_mults=(1, 2, 2), blocks_per_level=2,
+                 scaling=make_scaling("ls-per-skip"))
+    shapes = {}
+    for i, a in enumerate(model.encoder_blocks, start=1):
+        a.register_forward_hook(lambda m, inp, out, i=i: shapes.__setitem__(i, tuple(out.shape[1:])))
+    model(torch.randn(1, 1, 16, 16), torch.tensor([5.0]))
+    assert shapes == {1: (16, 16, 16), 2: (16, 16, 16), 3: (32, 8, 8), 4: (32, 8, 8), 5: (32, 4, 4), 6: (32, 4, 4)}
+    assert model.scaling.widths == (16, 16, 32, 32, 32, 32)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("preset", ["unet-ci", "uvit-ci"])
+def test_backward_through_model_and_loss_gives_finite_gradients(preset, method):
+    torch.manual_seed(0)
+    model = build_model(preset, 3, 16, method, kappa=0.7)
+    loss = eps_loss(model, torch.rand(4, 3, 16, 16) * 2 - 1, linear_schedule())
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    if method.startswith("ls"):
+        assert all(p.grad.abs().sum() > 0 for p in model.scaling.parameters())
+
+
+def test_presets_build_and_report_counts():
+    for name in PRESETS:
+        with torch.device("meta"):
+            assert count_parameters(build_model(name, 3, 32)) > 10_000
+
+
+def test_bad_model_input_raises():
+    with pytest.raises(ValueError, match="unknown model preset"):
+        build_model("resnet", 3, 32)
+    with pytest.raises(ValueError, match="divisible by patch_size"):
+        UViT(img_size=30, patch_size=4)
+    with pytest.raises(ValueError, match=r"expected input \(B, 3, 16, 16\)"):
+        build_model("uvit-ci", 3, 16)(torch.randn(1, 1, 16, 16), torch.zeros(1))
+    with pytest.raises(ValueError, match="divisible by 4"):
+        build_model("unet-s", 1, 32)(torch.randn(1, 1, 18, 18), torch.zeros(1))
+    with pytest.raises(ValueError, match="t must have shape"):
+        build_model("unet-ci", 1, 16)(torch.randn(2, 1, 16, 16), torch.zeros(2, 1))
