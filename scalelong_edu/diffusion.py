@@ -173,18 +173,27 @@ def q_sample(x0: Tensor, t: Tensor, schedule: Schedule, noise: Tensor | None = N
 
 
 def eps_loss(
-    model: Denoiser, x0: Tensor, schedule: Schedule, generator: torch.Generator | None = None, reduce: bool = True
+    model: Denoiser,
+    x0: Tensor,
+    schedule: Schedule,
+    generator: torch.Generator | None = None,
+    reduce: bool = True,
+    t: Tensor | None = None,
+    noise: Tensor | None = None,
 ) -> Tensor:
     """The paper's Eq. (2): ``|| eps - eps_theta(x_t, t) ||^2`` averaged over pixels.
 
     Draws ``t`` from the schedule and ``eps ~ N(0, I)`` (from ``generator`` when given, so a
-    seeded run repeats), forms ``x_t`` with :func:`q_sample` and compares the prediction.
+    seeded run repeats) unless they are passed in, forms ``x_t`` with :func:`q_sample` and
+    compares the prediction.
 
     Returns:
         The mean over the batch (scalar), or per-sample losses (B,) when ``reduce=False``.
     """
-    t = schedule.sample_t(x0.shape[0], x0.device, generator)
-    noise = torch.randn(x0.shape, device=x0.device, dtype=x0.dtype, generator=generator)
+    if t is None:
+        t = schedule.sample_t(x0.shape[0], x0.device, generator)
+    if noise is None:
+        noise = torch.randn(x0.shape, device=x0.device, dtype=x0.dtype, generator=generator)
     x_t = q_sample(x0, t, schedule, noise)
     pred = model(x_t, schedule.model_time(t))
     if pred.shape != noise.shape:

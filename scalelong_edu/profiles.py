@@ -1,0 +1,71 @@
+"""Profiles: one switch that sizes every experiment in the book.
+
+* ``ci``  -- tiny: the whole notebook suite runs under nbval on a 2-core CPU in minutes;
+* ``cpu`` -- the default without a GPU: real but small runs, a chapter's live runs in <= 10 min;
+* ``gpu`` -- the default with a GPU: CIFAR-10 at the sizes where the paper's effects show.
+
+The profile comes from ``SCALELONG_PROFILE`` when set, else ``gpu`` if CUDA is available,
+else ``cpu``. Experiments ask their profile for sizes; notebooks never branch on it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+ENV_VAR = "SCALELONG_PROFILE"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The sizes an experiment runs at.
+
+    Attributes:
+        name: ``ci``, ``cpu`` or ``gpu``.
+        dataset, image_size: see :func:`scalelong_edu.data.load_dataset`.
+        unet, uvit: model presets (:data:`scalelong_edu.models.PRESETS`).
+        batch_size: global batch.
+        steps: optimisation steps of one training run.
+        warmup: learning-rate warm-up steps.
+        eval_every: steps between probe/metric evaluations.
+        n_samples: images drawn for sample grids and sample-quality metrics.
+        sample_steps: DDIM steps when sampling.
+    """
+
+    name: str
+    dataset: str
+    image_size: int
+    unet: str
+    uvit: str
+    batch_size: int
+    steps: int
+    warmup: int
+    eval_every: int
+    n_samples: int
+    sample_steps: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, warmup=5,
+                eval_every=10, n_samples=16, sample_steps=5),
+        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1500, warmup=100,
+                eval_every=50, n_samples=64, sample_steps=50),
+        Profile("gpu", "cifar10", 32, "unet-m", "uvit-cifar", batch_size=128, steps=20_000, warmup=1000,
+                eval_every=500, n_samples=1000, sample_steps=100),
+    )
+}
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The named profile, else ``$SCALELONG_PROFILE``, else ``gpu`` with CUDA and ``cpu`` without."""
+    name = name or os.environ.get(ENV_VAR) or ("gpu" if torch.cuda.is_available() else "cpu")
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)} (set {ENV_VAR} or pass it)")
+    return PROFILES[name]
