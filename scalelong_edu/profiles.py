@@ -30,6 +30,7 @@ class Profile:
         steps: optimisation steps of one training run.
         warmup: learning-rate warm-up steps.
         eval_every: steps between probe/metric evaluations.
+        ema_decay: decay of the EMA model that samples are drawn from.
         n_samples: images drawn for sample grids and sample-quality metrics.
         sample_steps: DDIM steps when sampling.
     """
@@ -43,6 +44,7 @@ class Profile:
     steps: int
     warmup: int
     eval_every: int
+    ema_decay: float
     n_samples: int
     sample_steps: int
 
@@ -54,11 +56,11 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, warmup=5,
-                eval_every=10, n_samples=16, sample_steps=5),
+                eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
         Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1500, warmup=100,
-                eval_every=50, n_samples=64, sample_steps=50),
+                eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),
         Profile("gpu", "cifar10", 32, "unet-m", "uvit-cifar", batch_size=128, steps=20_000, warmup=1000,
-                eval_every=500, n_samples=1000, sample_steps=100),
+                eval_every=250, ema_decay=0.9995, n_samples=1000, sample_steps=100),
     )
 }
 

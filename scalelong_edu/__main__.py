@@ -1,0 +1,70 @@
+"""Command line: ``python -m scalelong_edu list | run NAME [--profile P] | profiles``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .experiments import EXPERIMENTS, cache_path, run_experiment
+from .profiles import ENV_VAR, PROFILES, get_profile
+
+DESCRIPTION = f"""\
+Run the book's experiments ahead of time, so chapters load their results instead of training.
+
+Every chapter's heavy runs are named experiments. `run` trains all runs of one experiment at
+the sizes of a profile and caches the result under data/results/ (or $SCALELONG_RESULTS),
+keyed by a hash of the full spec: a notebook whose experiment and profile match loads it in
+a second. The profile is --profile, else ${ENV_VAR}, else `gpu` with CUDA and `cpu` without:
+  ci   tiny, for the tests (seconds)
+  cpu  small real runs on a laptop (minutes)
+  gpu  CIFAR-10 sizes for a GPU (tens of minutes)
+
+examples:
+  python -m scalelong_edu list
+  python -m scalelong_edu run uvit-methods --profile cpu
+  torchrun --standalone --nproc_per_node 2 -m scalelong_edu run uvit-methods --profile gpu
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalelong_edu", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser("list", help="list the experiments and whether a cached result exists")
+    listing.add_argument("--profile", choices=list(PROFILES), help="profile to check the cache for")
+    commands.add_parser("profiles", help="show the sizes of each profile")
+    run = commands.add_parser("run", help="train an experiment (or load it from the cache) and print a summary")
+    run.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="an experiment from `list`")
+    run.add_argument("--profile", choices=list(PROFILES), help=f"sizes to run at (default: ${ENV_VAR} or auto)")
+    run.add_argument("--force", action="store_true", help="train again even if a cached result exists")
+    run.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    if args.command == "profiles":
+        for p in PROFILES.values():
+            print(", ".join(f"{k}={v}" for k, v in p.as_dict().items()))
+    elif args.command == "list":
+        profile = get_profile(args.profile)
+        print(f"profile: {profile.name}")
+        for e in EXPERIMENTS.values():
+            cached = "cached" if cache_path(e, profile).exists() else "      "
+            print(f"  {e.name:16s} {cached}  {len(e.runs)} runs  {e.description}")
+    else:
+        result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
+                                progress=not args.no_progress)
+        print(f"{args.name} ({result.spec['profile']['name']} profile) on {result.provenance['device']}, "
+              f"{result.provenance['wall_time_s']:.0f} s")
+        for r in result.runs:
+            last = r["history"][-100:]
+            loss = sum(h["loss"] for h in last) / max(len(last), 1)
+            status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
+            print(f"  {r['label']:28s} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
+        if result.path:
+            print(f"result: {result.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
