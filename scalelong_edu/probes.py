@@ -1,0 +1,333 @@
+"""Probes: measure the quantities of the paper's theorems on a real model, one block at a time.
+
+Every probe returns *tidy* rows, one measurement per row, with the columns of :data:`COLUMNS`::
+
+    step  probe       block  skip  sigma  quantity     value
+    120   features    a      3     NaN    norm         41.7
+    120   grads       model  <NA>  NaN    grad_norm    0.52
+    120   robustness  model  <NA>  0.1    loss_change  0.013
+
+``block`` is ``"a"`` (encoder block ``a_i``), ``"b"`` (decoder block ``b_i``) or ``"model"``;
+``skip`` is the long-skip index ``i`` (1 = outermost) of that block. :func:`to_frame` turns rows
+into a DataFrame ready for ``seaborn.relplot(frame, x="step", y="value", hue="skip")``.
+
+The probes, and what they measure:
+
+* :class:`FeatureNorms` -- the norms of the block outputs ``h_i`` whose squared norm Theorem 3.1
+  bounds (the curves of the paper's Fig. 1), and the effective ``kappa_i`` of every skip;
+* :func:`grad_norms` -- the gradient norm of every block's parameters (Theorem 3.3);
+* :func:`adam_stats` -- Adam's moments per block (the reviewer's question 2: do parameters
+  oscillate less when the skips are scaled?);
+* :func:`robustness` -- how much the prediction and the loss move when extra Gaussian noise is
+  added to the network input (Theorem 3.4, Fig. 3c).
+
+:class:`ProbeRecorder` runs them from a training loop::
+
+    rec = ProbeRecorder(model, optimizer=opt)
+    for step, x0 in enumerate(loader):
+        with rec.capture(step):        # forward hooks live only inside this block
+            loss = eps_loss(model, x0, schedule)
+            loss.backward()
+        rec.after_backward(step)       # gradient norms
+        opt.step(); opt.zero_grad()
+        rec.after_step(step)           # Adam moments
+    frame = rec.to_frame()
+
+All values are Python floats, computed in float32 from detached tensors (also under
+``torch.autocast``), so no probe keeps an autograd graph alive.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .diffusion import Schedule, q_sample
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COLUMNS = ("step", "probe", "block", "skip", "sigma", "quantity", "value")
+"""The columns of every row, in :func:`to_frame`'s order."""
+
+Row = dict[str, Any]
+
+
+def _row(step: int | None, probe: str, block: str | None, skip: int | None, quantity: str, value: float,
+         sigma: float | None = None) -> Row:
+    return dict(step=step, probe=probe, block=block, skip=skip, sigma=sigma, quantity=quantity, value=float(value))
+
+
+def named_blocks(model: nn.Module) -> list[tuple[str, int, nn.Module]]:
+    """``("a", i, a_i)`` for i = 1 .. N, then ``("b", i, b_i)``: the blocks every probe reports on."""
+    if not all(hasattr(model, name) for name in ("n_skips", "encoder_blocks", "decoder_blocks", "scaling")):
+        raise TypeError(
+            f"{type(model).__name__} is not a scalelong_edu model (it needs n_skips, encoder_blocks, decoder_blocks "
+            "and scaling); build one with scalelong_edu.models.build_model, and unwrap DDP with ddp_model.module"
+        )
+    return [("a", i, m) for i, m in enumerate(model.encoder_blocks, start=1)] + [
+        ("b", i, m) for i, m in enumerate(model.decoder_blocks, start=1)
+    ]
+
+
+def _parameter_groups(model: nn.Module) -> list[tuple[str, int | None, list[nn.Parameter]]]:
+    """The parameters of every block ``a_i``, ``b_i``, then of the whole model (``skip=None``)."""
+    groups = [(block, i, list(m.parameters())) for block, i, m in named_blocks(model)]
+    return groups + [("model", None, list(model.parameters()))]
+
+
+class FeatureNorms:
+    """Forward hooks on every ``a_i`` and ``b_i`` that record the norm of each block's output.
+
+    Theorem 3.1 bounds ``||h_i||^2`` of the hidden features by ``O(||x_t||^2 sum_{j >= i} kappa_j^2)``;
+    the paper's Fig. 1 plots how these norms oscillate over training. For each forward pass inside
+    the ``with`` block and for each block output ``h`` of shape (B, ...) (conv: (B, C, H, W),
+    U-ViT: (B, L, D)) this records, averaged over the B samples:
+
+    * ``norm`` -- the per-sample L2 norm ``||h_b||``;
+    * ``sq_norm`` -- the per-sample squared norm ``||h_b||^2``, the theorem's quantity;
+
+    and, once per forward pass, ``kappa`` for every skip (``block=None``): the mean coefficient the
+    skip-scaling object applied to that batch's encoder outputs (the LS gate averaged over samples
+    and channels/tokens; the constant for CS).
+
+    Hooks exist only between ``__enter__`` and ``__exit__``; rows become floats at exit.
+
+    Args:
+        model: a :mod:`scalelong_edu.models` model.
+        step: the training step written into every row.
+    """
+
+    def __init__(self, model: nn.Module, step: int | None = None):
+        self.blocks = named_blocks(model)
+        self.model, self.step = model, step
+        self.rows: list[Row] = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._pending: list[tuple[str | None, int, str, Tensor | float]] = []
+        self._skips: dict[int, Tensor] = {}
+
+    def __enter__(self) -> FeatureNorms:
+        if self._handles:
+            raise RuntimeError("this FeatureNorms is already recording; leave its with-block first")
+        self._handles = [m.register_forward_hook(partial(self._hook, block, i)) for block, i, m in self.blocks]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._skips = [], {}
+        self.rows += [_row(self.step, "features", block, i, q, v) for block, i, q, v in self._pending]
+        self._pending = []
+
+    def _hook(self, block: str, i: int, module: nn.Module, inputs: tuple, output: Tensor) -> None:
+        h = output.detach()
+        norms = torch.linalg.vector_norm(h.flatten(1), dim=1, dtype=torch.float32)  # (B,)
+        self._pending += [(block, i, "norm", norms.mean()), (block, i, "sq_norm", norms.square().mean())]
+        if block == "a":
+            self._skips[i] = h
+            if len(self._skips) == self.model.n_skips:  # the encoder is done: every skip is known
+                kappas = self.model.scaling.effective_kappas([self._skips[j] for j in sorted(self._skips)])
+                self._pending += [(None, j, "kappa", k) for j, k in enumerate(kappas.tolist(), start=1)]
+                self._skips = {}
+
+
+def _grad_norm(params: Iterable[nn.Parameter]) -> Tensor:
+    """L2 norm of all gradients together (None gradients skipped, 0 when there are none), float32."""
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32) for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+
+
+def grad_norms(model: nn.Module, step: int | None = None) -> list[Row]:
+    """Gradient norm of the parameters of every block ``a_i``, ``b_i`` and of the whole model.
+
+    Theorem 3.3 bounds the gradient of the i-th block's parameters by
+    ``O(loss * ||x_t||^2 sum_{j >= i} kappa_j^2)`` (per sample; this measures the batch gradient).
+    Call it after ``loss.backward()`` and before ``optimizer.zero_grad()``; with a ``GradScaler``
+    call it after ``scaler.unscale_(optimizer)``, or the norms carry the loss scale.
+
+    Returns:
+        Rows with ``probe="grads"``, ``quantity="grad_norm"``: 2N block rows and one ``block="model"``
+        row (the value ``clip_grad_norm_`` would see).
+    """
+    groups = _parameter_groups(model)
+    if all(p.grad is None for p in groups[-1][2]):
+        raise RuntimeError("the model has no gradients: call grad_norms after loss.backward() and before zero_grad()")
+    return [_row(step, "grads", block, i, "grad_norm", _grad_norm(params).item()) for block, i, params in groups]
+
+
+def _adam_sums(state: dict, group: dict) -> Tensor:
+    """``[sum |m|, sum v, sum |m_hat| / (sqrt(v_hat) + eps)]`` over one parameter's elements, (3,)."""
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    beta1, beta2 = (float(b) for b in group["betas"])
+    t = float(state["step"])
+    v_used = state["max_exp_avg_sq"] if group["amsgrad"] else v
+    update = (m.abs() / (1 - beta1**t)) / (v_used.sqrt() / math.sqrt(1 - beta2**t) + float(group["eps"]))
+    return torch.stack([m.abs().sum(), v.sum(), update.sum()]).float()
+
+
+def adam_stats(optimizer: torch.optim.Optimizer, model: nn.Module, step: int | None = None) -> list[Row]:
+    """Adam's moment statistics per block ``a_i``, ``b_i`` and for the whole model.
+
+    The reviewer asks (question 2) for direct evidence that parameters oscillate less with scaled
+    skips, by comparing Adam's ``m`` and ``v``: a gradient that keeps flipping sign leaves ``|m|``
+    small next to ``sqrt(v)``. Averaged over all elements of a block's parameters:
+
+    * ``exp_avg_abs`` -- mean ``|m|`` (first moment, as stored);
+    * ``exp_avg_sq`` -- mean ``v`` (second moment, as stored);
+    * ``update_size`` -- mean ``|m_hat| / (sqrt(v_hat) + eps)`` with Adam's bias corrections
+      ``m_hat = m / (1 - beta1^t)``, ``v_hat = v / (1 - beta2^t)`` (``max v`` under amsgrad): the
+      size of the step Adam takes per element, in units of the learning rate (weight decay aside).
+      Near 1 means consistent gradients; near 0 means they cancel out.
+
+    Parameters without optimizer state (before the first ``optimizer.step()``, or never given a
+    gradient) are left out; a block none of whose parameters has state gives no rows.
+
+    Args:
+        optimizer: a ``torch.optim.Adam`` or ``AdamW`` holding the model's parameters.
+    """
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(f"adam_stats needs torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
+    settings = {p: group for group in optimizer.param_groups for p in group["params"]}
+    groups = _parameter_groups(model)
+    if not any(p in settings for p in groups[-1][2]):
+        raise ValueError("the optimizer holds none of the model's parameters; pass the one that trains this model")
+    rows = []
+    for block, i, params in groups:
+        held = [p for p in params if "exp_avg" in optimizer.state.get(p, {})]
+        if not held:
+            continue
+        sums = torch.stack([_adam_sums(optimizer.state[p], settings[p]) for p in held]).sum(0).tolist()
+        count = sum(p.numel() for p in held)
+        rows += [
+            _row(step, "adam", block, i, quantity, total / count)
+            for quantity, total in zip(("exp_avg_abs", "exp_avg_sq", "update_size"), sums)
+        ]
+    return rows
+
+
+@torch.no_grad()
+def robustness(
+    model: nn.Module,
+    x0: Tensor,
+    t: Tensor,
+    schedule: Schedule,
+    sigmas: Sequence[float],
+    seed: int = 0,
+    step: int | None = None,
+) -> list[Row]:
+    """How much extra input noise moves the prediction and the loss (Theorem 3.4, Fig. 3c).
+
+    Draws ``eps`` and one direction ``z ~ N(0, I)`` from a generator seeded with ``seed``, forms
+    ``x_t = q_sample(x0, t, schedule, eps)`` and, for every ``sigma`` in ``sigmas``, feeds
+    ``x_t + sigma * z`` (the same ``z`` for every sigma, so curves over sigma are smooth). With
+    ``out(x) = eps_theta(x, t)`` and per-sample values averaged over the batch, it records:
+
+    * ``output_change`` -- ``||out(x_t + sigma z) - out(x_t)||``, the left side of Theorem 3.4;
+    * ``output_change_rel`` -- the same divided by ``||out(x_t)||``;
+    * ``loss`` -- Eq. (2) on the perturbed input, the target still the original ``eps``;
+    * ``loss_change`` -- ``loss`` minus the loss on the clean input.
+
+    Runs in eval mode under ``torch.no_grad`` and restores every module's mode afterwards.
+
+    Args:
+        x0: clean images (B, C, H, W).
+        t: times (B,) in the schedule's units (step indices for a ``DiscreteSchedule``).
+        sigmas: the standard deviations ``sigma_delta`` of the extra noise, each >= 0.
+        seed: seeds ``eps`` and ``z``; the same seed gives the same rows.
+
+    Returns:
+        Four rows per sigma, ``probe="robustness"``, ``block="model"``, ``sigma`` set.
+    """
+    sigmas = [float(s) for s in sigmas]
+    if not sigmas or not all(math.isfinite(s) and s >= 0 for s in sigmas):
+        raise ValueError(f"sigmas must be a non-empty list of finite numbers >= 0, got {sigmas}")
+    generator = torch.Generator(device=x0.device).manual_seed(seed)
+    eps, z = (torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype) for _ in range(2))
+    x_t = q_sample(x0, t, schedule, eps)
+    time = schedule.model_time(t)
+
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        clean = model(x_t, time).float()
+        clean_loss = (clean - eps.float()).square().flatten(1).mean(1)
+        clean_norm = torch.linalg.vector_norm(clean.flatten(1), dim=1)
+        rows = []
+        for sigma in sigmas:
+            out = model(x_t + sigma * z, time).float()
+            change = torch.linalg.vector_norm((out - clean).flatten(1), dim=1)
+            loss = (out - eps.float()).square().flatten(1).mean(1)
+            values = torch.stack([change, change / clean_norm, loss, loss - clean_loss]).mean(1).tolist()
+            rows += [
+                _row(step, "robustness", "model", None, quantity, value, sigma)
+                for quantity, value in zip(("output_change", "output_change_rel", "loss", "loss_change"), values)
+            ]
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return rows
+
+
+def to_frame(rows: Iterable[Row]) -> pd.DataFrame:
+    """Rows as a DataFrame with the columns :data:`COLUMNS`.
+
+    Dtypes: ``step`` and ``skip`` nullable integers (``Int64``; ``<NA>`` where a row has none),
+    ``sigma`` and ``value`` float64 (``sigma`` NaN outside the robustness probe), the rest strings.
+    """
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows), columns=list(COLUMNS))
+    return frame.astype({"step": "Int64", "skip": "Int64", "sigma": "float64", "value": "float64"})
+
+
+class ProbeRecorder:
+    """Collects the rows of every probe for one model over a training run.
+
+    Args:
+        model: a :mod:`scalelong_edu.models` model (unwrapped from DDP).
+        optimizer: its Adam/AdamW optimizer; needed only by :meth:`after_step`.
+
+    Attributes:
+        rows: every row recorded so far, in order.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+        named_blocks(model)  # fail now, not at the first step, if the model has no a_i/b_i
+        self.model, self.optimizer = model, optimizer
+        self.rows: list[Row] = []
+
+    @contextmanager
+    def capture(self, step: int) -> Iterator[FeatureNorms]:
+        """Record feature norms and kappas of the forward passes inside the ``with`` block.
+
+        The hooks are added on entry and removed on exit, so steps outside ``capture`` run the
+        plain model at no cost.
+        """
+        with FeatureNorms(self.model, step) as probe:
+            yield probe
+        self.rows += probe.rows
+
+    def after_backward(self, step: int) -> None:
+        """Record :func:`grad_norms`; call between ``loss.backward()`` and ``optimizer.zero_grad()``."""
+        self.rows += grad_norms(self.model, step)
+
+    def after_step(self, step: int) -> None:
+        """Record :func:`adam_stats`; call after ``optimizer.step()``."""
+        if self.optimizer is None:
+            raise ValueError("after_step needs the optimizer: create the recorder with ProbeRecorder(model, opt)")
+        self.rows += adam_stats(self.optimizer, self.model, step)
+
+    def robustness(
+        self, step: int, x0: Tensor, t: Tensor, schedule: Schedule, sigmas: Sequence[float], seed: int = 0
+    ) -> None:
+        """Record :func:`robustness` on a fixed batch, e.g. every few hundred steps."""
+        self.rows += robustness(self.model, x0, t, schedule, sigmas, seed=seed, step=step)
+
+    def to_frame(self) -> pd.DataFrame:
+        """:func:`to_frame` of all rows recorded so far."""
+        return to_frame(self.rows)

@@ -1,0 +1,361 @@
+"""Tests of scalelong_edu.probes: every probe against a measurement done by hand."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from scalelong_edu.diffusion import eps_loss, linear_schedule, q_sample
+from scalelong_edu.models import build_model
+from scalelong_edu.probes import (
+    COLUMNS,
+    FeatureNorms,
+    ProbeRecorder,
+    adam_stats,
+    grad_norms,
+    named_blocks,
+    robustness,
+    to_frame,
+)
+from scalelong_edu.scaling import cs_coefficients
+
+PRESETS = ["uvit-ci", "unet-ci"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they cost 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(preset, method="none", kappa=0.5, **kw):
+    torch.manual_seed(0)
+    return build_model(preset, 1, 16, method, kappa, **kw)
+
+
+def batch(b=3):
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(b, 1, 16, 16, generator=g) * 2 - 1, torch.tensor([5.0, 300.0, 900.0][:b])
+
+
+def pick(rows, **match):
+    return [r for r in rows if all(r[k] == v for k, v in match.items())]
+
+
+def value(rows, **match):
+    (row,) = pick(rows, **match)
+    return row["value"]
+
+
+def outputs_by_hand(model, x, t):
+    """Block outputs of one forward, captured with plain hooks: {("a", i): h, ("b", i): h}."""
+    out, handles = {}, []
+    for block, i, m in named_blocks(model):
+        handles.append(m.register_forward_hook(lambda mod, inp, h, key=(block, i): out.__setitem__(key, h.detach())))
+    model(x, t)
+    for h in handles:
+        h.remove()
+    return out
+
+
+def all_hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+# ---------------------------------------------------------------- feature norms (Theorem 3.1)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_feature_norms_equal_norms_computed_by_hand(preset):
+    model = tiny(preset, "ls")
+    x, t = batch()
+    expected = outputs_by_hand(model, x, t)
+    with FeatureNorms(model, step=7) as probe:
+        model(x, t)
+    rows = probe.rows
+    n = model.n_skips
+    for side in "ab":
+        assert sorted(r["skip"] for r in pick(rows, block=side, quantity="norm")) == list(range(1, n + 1))
+        assert len(pick(rows, block=side, quantity="sq_norm")) == n
+    for (side, i), h in expected.items():
+        per_sample = h.flatten(1).norm(dim=1)
+        assert value(rows, block=side, skip=i, quantity="norm") == pytest.approx(per_sample.mean().item(), rel=1e-5)
+        assert value(rows, block=side, skip=i, quantity="sq_norm") == pytest.approx(
+            per_sample.square().mean().item(), rel=1e-5
+        )
+    # a_1's output recomputed from scratch for the U-ViT: patch embedding + time token + first block
+    if preset == "uvit-ci":
+        from scalelong_edu.models.embedding import timestep_embedding
+
+        tokens = model.patch_embed(x).flatten(2).transpose(1, 2)
+        h = torch.cat([timestep_embedding(t, model.embed_dim)[:, None], tokens], 1) + model.pos_embed
+        a1 = model.in_blocks[0](h).detach()
+        by_hand = a1.flatten(1).norm(dim=1).mean().item()
+        assert value(rows, block="a", skip=1, quantity="norm") == pytest.approx(by_hand, rel=1e-5)
+    assert {r["step"] for r in rows} == {7}
+    assert all(type(r["value"]) is float for r in rows)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_kappa_rows_equal_the_cs_coefficients(preset):
+    model = tiny(preset, "cs", kappa=0.6)
+    with FeatureNorms(model) as probe:
+        model(*batch())
+    kappas = sorted(pick(probe.rows, quantity="kappa"), key=lambda r: r["skip"])
+    assert [r["value"] for r in kappas] == pytest.approx(cs_coefficients(0.6, model.n_skips))
+    assert all(r["block"] is None for r in kappas)
+
+
+def test_kappa_rows_are_the_mean_ls_gate_of_the_batch():
+    model = tiny("uvit-ci", "ls")
+    x, t = batch()
+    skips = outputs_by_hand(model, x, t)
+    with FeatureNorms(model) as probe:
+        model(x, t)
+    for i in range(1, model.n_skips + 1):
+        gate = model.scaling.nets[0](skips[("a", i)]).mean().item()
+        assert value(probe.rows, quantity="kappa", skip=i) == pytest.approx(gate, rel=1e-6)
+        assert 0 < gate < 1
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_feature_norms_under_autocast(preset):
+    model = tiny(preset)
+    x, t = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = outputs_by_hand(model, x, t)
+        with FeatureNorms(model) as probe:
+            out = model(x, t)
+    assert out.dtype == torch.bfloat16  # the hooks saw low-precision features
+    for (side, i), h in expected.items():
+        got = value(probe.rows, block=side, skip=i, quantity="norm")
+        assert type(got) is float and got == pytest.approx(h.float().flatten(1).norm(dim=1).mean().item(), rel=1e-3)
+
+
+def test_hooks_exist_only_inside_capture_and_keep_no_graph():
+    model = tiny("uvit-ci")
+    x, t = batch()
+    assert all_hooks(model) == 0
+    rec = ProbeRecorder(model)
+    model(x, t)  # outside capture: nothing recorded, no hooks
+    assert rec.rows == [] and all_hooks(model) == 0
+    with rec.capture(step=0):
+        assert all_hooks(model) == 2 * model.n_skips
+        loss = model(x, t).square().mean()
+        loss.backward()
+    assert all_hooks(model) == 0
+    assert len(rec.rows) == 4 * model.n_skips + model.n_skips  # norm + sq_norm per block, kappa per skip
+    assert all(type(r["value"]) is float for r in rec.rows)
+    n = len(rec.rows)
+    model(x, t)
+    assert len(rec.rows) == n
+    with pytest.raises(RuntimeError, match="boom"), rec.capture(step=1):
+        raise RuntimeError("boom")
+    assert all_hooks(model) == 0  # removed even when the step fails
+
+
+def test_feature_norms_cannot_be_entered_twice():
+    probe = FeatureNorms(tiny("uvit-ci"))
+    with probe, pytest.raises(RuntimeError, match="already recording"):
+        probe.__enter__()
+
+
+def test_probes_reject_models_without_blocks():
+    with pytest.raises(TypeError, match="not a scalelong_edu model"):
+        ProbeRecorder(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- gradient norms (Theorem 3.3)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_grad_norms_equal_norms_computed_by_hand(preset):
+    model = tiny(preset, "ls")
+    loss = eps_loss(model, batch()[0], linear_schedule(), generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    rows = grad_norms(model, step=3)
+    assert len(rows) == 2 * model.n_skips + 1
+    for side, blocks in (("a", model.encoder_blocks), ("b", model.decoder_blocks)):
+        for i, block in enumerate(blocks, start=1):
+            by_hand = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in block.parameters()]))
+            assert value(rows, block=side, skip=i) == pytest.approx(by_hand.item(), rel=1e-5)
+            assert by_hand > 0
+    total = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert value(rows, block="model") == pytest.approx(total.item(), rel=1e-5)
+    assert pick(rows, block="model")[0]["skip"] is None
+
+
+def test_grad_norms_before_backward_raise():
+    with pytest.raises(RuntimeError, match="after loss.backward"):
+        grad_norms(tiny("unet-ci"))
+
+
+# ---------------------------------------------------------------- Adam moments (reviewer, question 2)
+
+
+def adam_by_hand(opt, params):
+    """mean |m|, mean v, mean |m_hat| / (sqrt(v_hat) + eps) over params, written out from Adam's update."""
+    (group,) = opt.param_groups
+    b1, b2 = group["betas"]
+    m = torch.cat([opt.state[p]["exp_avg"].flatten() for p in params])
+    v = torch.cat([opt.state[p]["exp_avg_sq"].flatten() for p in params])
+    t = opt.state[params[0]]["step"].item()
+    update = (m / (1 - b1**t)).abs() / ((v / (1 - b2**t)).sqrt() + group["eps"])
+    return m.abs().mean().item(), v.mean().item(), update.mean().item()
+
+
+@pytest.mark.parametrize("optim", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_adam_stats_match_a_hand_computation_after_two_steps(preset, optim):
+    model = tiny(preset)
+    opt = optim(model.parameters(), lr=1e-3, eps=1e-6)
+    assert adam_stats(opt, model) == []  # no state yet: no rows, no crash
+    x0 = batch()[0]
+    for _ in range(2):
+        eps_loss(model, x0, linear_schedule()).backward()
+        opt.step()
+        opt.zero_grad()
+    rows = adam_stats(opt, model, step=2)
+    for side, blocks in (("a", model.encoder_blocks), ("b", model.decoder_blocks), ("model", [model])):
+        for i, block in enumerate(blocks, start=1):
+            skip = None if side == "model" else i
+            params = [p for p in block.parameters() if p in opt.state]
+            expected = adam_by_hand(opt, params)
+            got = [value(rows, block=side, skip=skip, quantity=q) for q in ("exp_avg_abs", "exp_avg_sq", "update_size")]
+            assert got == pytest.approx(expected, rel=1e-5)
+    # after the first step Adam's update is exactly the gradient's sign: |m_hat| / sqrt(v_hat) = 1
+    assert 0 < value(rows, block="model", quantity="update_size") <= 1
+
+
+def test_adam_stats_after_one_step_see_sign_updates():
+    model = tiny("uvit-ci")
+    opt = torch.optim.Adam(model.parameters(), eps=1e-30)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    assert value(adam_stats(opt, model), block="model", quantity="update_size") == pytest.approx(1.0)
+
+
+def test_adam_stats_skip_parameters_without_state():
+    model = tiny("uvit-ci")
+    opt = torch.optim.Adam(model.parameters())
+    model.encoder_blocks[0].requires_grad_(False)  # a_1 never gets a gradient, so never gets state
+    eps_loss(model, batch()[0], linear_schedule()).backward()
+    opt.step()
+    rows = adam_stats(opt, model)
+    assert pick(rows, block="a", skip=1) == []
+    assert len(pick(rows, block="a", skip=2)) == 3
+
+
+def test_adam_stats_reject_other_optimizers():
+    model = tiny("unet-ci")
+    with pytest.raises(TypeError, match="Adam or AdamW"):
+        adam_stats(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    with pytest.raises(ValueError, match="none of the model's parameters"):
+        adam_stats(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), model)
+    with pytest.raises(ValueError, match="needs the optimizer"):
+        ProbeRecorder(model).after_step(0)
+
+
+# ---------------------------------------------------------------- robustness (Theorem 3.4, Fig. 3c)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_robustness_zero_sigma_gives_zero_change_and_change_grows_with_sigma(preset):
+    model = tiny(preset)
+    x0 = batch()[0]
+    t = torch.tensor([10, 500, 900])
+    sigmas = [0.0, 0.01, 0.1, 1.0]
+    rows = robustness(model, x0, t, linear_schedule(), sigmas, seed=3, step=5)
+    assert len(rows) == 4 * len(sigmas)
+    for q in ("output_change", "output_change_rel", "loss_change"):
+        assert value(rows, sigma=0.0, quantity=q) == 0.0
+    changes = [value(rows, sigma=s, quantity="output_change") for s in sigmas]
+    assert changes == sorted(changes) and changes[1] > 0
+    assert value(rows, sigma=1.0, quantity="loss_change") != 0  # its sign is the model's business
+    assert {r["block"] for r in rows} == {"model"} and {r["step"] for r in rows} == {5}
+
+
+def test_robustness_matches_a_hand_computation():
+    model = tiny("uvit-ci").eval()
+    x0, schedule, t = batch()[0], linear_schedule(), torch.tensor([10, 500, 900])
+    rows = robustness(model, x0, t, schedule, [0.3], seed=11)
+    g = torch.Generator().manual_seed(11)
+    eps, z = torch.randn(x0.shape, generator=g), torch.randn(x0.shape, generator=g)
+    x_t, time = q_sample(x0, t, schedule, eps), schedule.model_time(t)
+    with torch.no_grad():
+        clean, noisy = model(x_t, time), model(x_t + 0.3 * z, time)
+    change = (noisy - clean).flatten(1).norm(dim=1)
+    loss, clean_loss = [(o - eps).square().flatten(1).mean(1) for o in (noisy, clean)]
+    assert value(rows, quantity="output_change") == pytest.approx(change.mean().item(), rel=1e-5)
+    rel = (change / clean.flatten(1).norm(dim=1)).mean().item()
+    assert value(rows, quantity="output_change_rel") == pytest.approx(rel, rel=1e-5)
+    assert value(rows, quantity="loss") == pytest.approx(loss.mean().item(), rel=1e-5)
+    assert value(rows, quantity="loss_change") == pytest.approx((loss - clean_loss).mean().item(), rel=1e-4, abs=1e-7)
+
+
+def test_robustness_is_deterministic_and_restores_modes():
+    model = tiny("unet-ci", dropout=0.5)  # dropout: eval mode matters
+    model.train()
+    model.out.eval()  # a mixed state must come back as it was
+    x0, t = batch()[0], torch.tensor([10, 500, 900])
+    modes = {name: m.training for name, m in model.named_modules()}
+    first = robustness(model, x0, t, linear_schedule(), [0.0, 0.5], seed=1)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    assert robustness(model, x0, t, linear_schedule(), [0.0, 0.5], seed=1) == first
+    assert robustness(model, x0, t, linear_schedule(), [0.0, 0.5], seed=2) != first
+    assert torch.is_grad_enabled()
+
+
+def test_robustness_rejects_bad_sigmas():
+    model = tiny("uvit-ci")
+    x0, t = batch()[0], torch.tensor([1, 2, 3])
+    for sigmas in ([], [-0.1], [math.nan]):
+        with pytest.raises(ValueError, match="sigmas must be"):
+            robustness(model, x0, t, linear_schedule(), sigmas)
+
+
+# ---------------------------------------------------------------- recorder and tidy frames
+
+
+def test_recorder_runs_a_training_loop_and_builds_a_tidy_frame():
+    model = tiny("unet-ci", "ls")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rec = ProbeRecorder(model, optimizer=opt)
+    x0, schedule = batch()[0], linear_schedule()
+    for step in range(3):
+        with rec.capture(step):
+            loss = eps_loss(model, x0, schedule)
+            loss.backward()
+        rec.after_backward(step)
+        opt.step()
+        opt.zero_grad()
+        rec.after_step(step)
+    rec.robustness(2, x0, torch.tensor([1, 2, 3]), schedule, [0.0, 0.1])
+    frame = rec.to_frame()
+    n = model.n_skips
+    assert list(frame.columns) == list(COLUMNS)
+    per_step = 5 * n + (2 * n + 1) + 3 * (2 * n + 1)  # features + grads + adam
+    assert len(frame) == 3 * per_step + 8
+    assert str(frame["step"].dtype) == "Int64" and str(frame["skip"].dtype) == "Int64"
+    assert frame["value"].dtype == "float64" and frame["sigma"].dtype == "float64"
+    for col in ("probe", "quantity"):
+        assert pd.api.types.is_string_dtype(frame[col])
+    assert set(frame["probe"]) == {"features", "grads", "adam", "robustness"}
+    assert frame.loc[frame["block"] == "model", "skip"].isna().all()
+    assert frame.loc[frame["probe"] == "robustness", "sigma"].notna().all()
+    assert frame.loc[frame["probe"] != "robustness", "sigma"].isna().all()
+    assert frame["value"].notna().all()
+    norms = frame.query("probe == 'features' and quantity == 'norm' and block == 'b'")
+    assert sorted(norms["skip"].unique()) == list(range(1, n + 1))
+    assert len(norms) == 3 * n
+
+
+def test_to_frame_of_no_rows_has_the_columns():
+    frame = to_frame([])
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 0
+    assert frame["value"].dtype == "float64"
