@@ -2,7 +2,10 @@
 
 * ``ci``  -- tiny: the whole notebook suite runs under nbval on a 2-core CPU in minutes;
 * ``cpu`` -- the default without a GPU: real but small runs, a chapter's live runs in <= 10 min;
-* ``gpu`` -- the default with a GPU: CIFAR-10 at the sizes where the paper's effects show.
+* ``gpu`` -- the default with a GPU: CIFAR-10 with an 11M-parameter U-ViT (patch 2, N = 6),
+  a chapter's four runs in about 25 minutes on a Colab T4 by ``benchmarks/t4_estimate.py``.
+  The paper's U-ViT-S/2 (preset ``uvit-cifar``) costs 4x the FLOPs of ``uvit-m`` a step: too
+  slow for a T4 chapter, there for readers with a bigger GPU.
 
 The profile comes from ``SCALELONG_PROFILE`` when set, else ``gpu`` if CUDA is available,
 else ``cpu``. Experiments ask their profile for sizes; notebooks never branch on it.
@@ -59,8 +62,8 @@ PROFILES: dict[str, Profile] = {
                 eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
         Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1500, warmup=100,
                 eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),
-        Profile("gpu", "cifar10", 32, "unet-m", "uvit-cifar", batch_size=128, steps=20_000, warmup=1000,
-                eval_every=250, ema_decay=0.9995, n_samples=1000, sample_steps=100),
+        Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, steps=2500, warmup=250,
+                eval_every=100, ema_decay=0.999, n_samples=256, sample_steps=100),
     )
 }
 
