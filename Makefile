@@ -1,11 +1,15 @@
 # The two set-up commands of the README. Each creates the virtual environment it needs.
-#   make book   build the HTML book into _build/html
-#   make test   run every test
+#   make book     build the HTML book into _build/html
+#   make test     run every test: unit tests, notebooks under nbval (profile ci), the book build
+#                 and its check in a headless browser
+# and, for authors:
+#   make execute  re-execute the chapters in place with the cpu profile (commit the result)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+comma  := ,
 
-.PHONY: book test clean
+.PHONY: book test execute clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +20,14 @@ $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(subst +,$(comma),$*)]"
 	touch $@
 
-comma := ,
-
 book: $(VENV)/.installed-book
 	$(BIN)/jupyter-book build . --all -W --keep-going
 
 test: $(VENV)/.installed-test+book
-	$(BIN)/python -m pytest
+	SCALELONG_PROFILE=ci $(BIN)/python -m pytest
+
+execute: $(VENV)/.installed-book
+	$(BIN)/python -m scalelong_edu.notebooks execute
 
 clean:
 	rm -rf _build

@@ -157,12 +157,16 @@ class Calibration(nn.Module):
 
     Args:
         width: size G of the gated axis.
-        reduction: hidden size is ``max(G // reduction, 1)`` (the paper uses 16).
+        reduction: hidden size is ``G // reduction`` (the paper uses 16), but at least
+            :attr:`MIN_HIDDEN`: on the narrow skips of small models (16 channels, 17 tokens) a
+            single hidden ReLU can die, which would freeze every gate at a constant.
     """
+
+    MIN_HIDDEN = 4
 
     def __init__(self, width: int, reduction: int = 16):
         super().__init__()
-        hidden = max(width // reduction, 1)
+        hidden = max(width // reduction, self.MIN_HIDDEN)
         self.fc1 = nn.Linear(width, hidden)
         self.fc2 = nn.Linear(hidden, width)
 

@@ -55,6 +55,15 @@ def test_unet_skips_mirror_resolutions():
     assert model.scaling.widths == (16, 16, 32, 32, 32, 32)
 
 
+def test_kappa_survives_the_normalisation_of_a_conv_decoder_block():
+    """The 1x1 merge mixes stream and skip before GroupNorm, so kappa_i changes the residual branch."""
+    torch.manual_seed(0)
+    block = build_model("unet-s", 1, 16).decoder_blocks[0]
+    h, skip = torch.randn(2, 32, 16, 16), torch.randn(2, 32, 16, 16) * 3
+    normed = [block.res.norm1(block.merge(torch.cat([h, k * skip], 1))) for k in (1.0, 0.25)]
+    assert ((normed[0] - normed[1]).norm() / normed[0].norm()).item() > 0.1
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("preset", ["unet-ci", "uvit-ci"])
 def test_backward_through_model_and_loss_gives_finite_gradients(preset, method):

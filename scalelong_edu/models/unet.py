@@ -3,17 +3,18 @@
 Layout for ``channel_mults = (1, 1, 1)`` and ``blocks_per_level = 2`` (``N = 6``)::
 
     stem conv                                   final GroupNorm-SiLU-conv
-    a_1 = Res            (R)  --skip 1-->  b_1 = Res(cat)         (R)
-    a_2 = Res            (R)  --skip 2-->  b_2 = Res(cat) + Up
-    a_3 = Down + Res   (R/2)  --skip 3-->  b_3 = Res(cat)       (R/2)
-    a_4 = Res          (R/2)  --skip 4-->  b_4 = Res(cat) + Up
-    a_5 = Down + Res   (R/4)  --skip 5-->  b_5 = Res(cat)       (R/4)
-    a_6 = Res          (R/4)  --skip 6-->  b_6 = Res(cat)
+    a_1 = Res            (R)  --skip 1-->  b_1 = Merge + Res         (R)
+    a_2 = Res            (R)  --skip 2-->  b_2 = Merge + Res + Up
+    a_3 = Down + Res   (R/2)  --skip 3-->  b_3 = Merge + Res       (R/2)
+    a_4 = Res          (R/2)  --skip 4-->  b_4 = Merge + Res + Up
+    a_5 = Down + Res   (R/4)  --skip 5-->  b_5 = Merge + Res       (R/4)
+    a_6 = Res          (R/4)  --skip 6-->  b_6 = Merge + Res
                  bottleneck f_N = Res + Attention + Res (R/4)
 
-Every encoder block ``a_i`` emits one skip; decoder block ``b_i`` concatenates the decoder stream
-with ``kappa_i * skip`` (the skip-scaling object decides ``kappa_i``) and runs a time-conditioned
-residual block. ``b_i`` upsamples exactly when ``a_i`` downsampled, so the two sides mirror.
+Every encoder block ``a_i`` emits one skip; decoder block ``b_i`` merges the decoder stream with
+``kappa_i * skip`` by a 1x1 convolution of their concatenation (the skip-scaling object decides
+``kappa_i``) and runs a time-conditioned residual block. ``b_i`` upsamples exactly when ``a_i``
+downsampled, so the two sides mirror.
 """
 
 from __future__ import annotations
@@ -83,15 +84,23 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """``b_i``: a residual block on ``[h, kappa_i * skip]``, then optional 2x upsampling."""
+    """``b_i``: a linear merge of ``[h, kappa_i * skip]``, a residual block, optional 2x upsampling.
+
+    The merge is a 1x1 convolution, the conv counterpart of U-ViT's ``Linear(2D -> D)``: it
+    forms ``W_h h + kappa_i W_s a_i(x)``, the additive merge of Eq. (3). Feeding the
+    concatenation straight into a residual block, as DDPM-style UNets do, would let the block's
+    first GroupNorm, whose groups never straddle stream and skip channels, normalise ``kappa_i``
+    away on the residual branch.
+    """
 
     def __init__(self, in_ch: int, skip_ch: int, out_ch: int, time_dim: int, up: bool, dropout: float):
         super().__init__()
-        self.res = ResBlock(in_ch + skip_ch, out_ch, time_dim, dropout)
+        self.merge = nn.Conv2d(in_ch + skip_ch, out_ch, 1)
+        self.res = ResBlock(out_ch, out_ch, time_dim, dropout)
         self.up = nn.Conv2d(out_ch, out_ch, 3, padding=1) if up else None
 
     def forward(self, h: Tensor, skip: Tensor, temb: Tensor) -> Tensor:
-        h = self.res(torch.cat([h, skip], dim=1), temb)
+        h = self.res(self.merge(torch.cat([h, skip], dim=1)), temb)
         return self.up(F.interpolate(h, scale_factor=2.0, mode="nearest")) if self.up is not None else h
 
 

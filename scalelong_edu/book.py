@@ -1,0 +1,41 @@
+"""What the first cell of every chapter calls: profile, device and dataset, stated once."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .data import DatasetInfo, list_datasets
+from .plotting import use_book_style
+from .profiles import Profile, get_profile
+from .train import pick_device
+
+COLAB_GPU_HINT = "No GPU found. On Colab: Runtime > Change runtime type > T4 GPU, then run all cells again."
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The environment a chapter runs in."""
+
+    profile: Profile
+    device: torch.device
+    dataset: DatasetInfo
+
+    def __str__(self) -> str:
+        return (f"profile: {self.profile.name} | device: {self.device.type} | "
+                f"dataset: {self.dataset.name} at {self.profile.image_size} px")
+
+
+def setup(seed: int = 0) -> Setup:
+    """Seed torch, apply the book's plot style, and print profile, device and dataset."""
+    torch.manual_seed(seed)
+    use_book_style()
+    profile = get_profile()
+    info = next(d for d in list_datasets() if d.name == profile.dataset)
+    env = Setup(profile, pick_device(), info)
+    print(env)
+    if "google.colab" in sys.modules and env.device.type == "cpu":
+        print(COLAB_GPU_HINT)
+    return env
