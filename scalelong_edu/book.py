@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,3 +40,16 @@ def setup(seed: int = 0) -> Setup:
     if "google.colab" in sys.modules and env.device.type == "cpu":
         print(COLAB_GPU_HINT)
     return env
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Record ``value`` for the book's text (`` {glue:text}`name` ``) with myst-nb.
+
+    Tensor and NumPy scalars become Python numbers first. Without myst-nb (e.g. on Colab)
+    there is no book to write into, and nothing happens.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value.item() if hasattr(value, "item") else value, display=display)

@@ -1,0 +1,44 @@
+"""Tests of scalelong_edu.book: the chapter setup line and glue."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from scalelong_edu import book
+
+
+def test_setup_states_profile_device_and_dataset(monkeypatch, capsys):
+    monkeypatch.setenv("SCALELONG_PROFILE", "ci")
+    monkeypatch.setenv("SCALELONG_DEVICE", "cpu")
+    env = book.setup(seed=3)
+    assert capsys.readouterr().out == "profile: ci | device: cpu | dataset: digits8x8 at 16 px\n"
+    assert env.profile.name == "ci" and env.dataset.channels == 1
+    assert torch.initial_seed() == 3
+
+
+def test_setup_tells_colab_users_how_to_get_a_gpu(monkeypatch, capsys):
+    monkeypatch.setenv("SCALELONG_DEVICE", "cpu")
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    book.setup()
+    assert book.COLAB_GPU_HINT in capsys.readouterr().out
+
+
+def test_glue_passes_python_numbers_to_myst_nb(monkeypatch):
+    import myst_nb
+
+    seen = []
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: seen.append((name, value, display)))
+    book.glue("a", torch.tensor(2.5))
+    book.glue("b", np.float64(1.0))
+    book.glue("c", "text", display=True)
+    assert seen == [("a", 2.5, False), ("b", 1.0, False), ("c", "text", True)]
+    assert type(seen[0][1]) is float
+
+
+def test_glue_without_myst_nb_does_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "myst_nb", None)
+    assert book.glue("x", 1.0) is None
+    with pytest.raises(ImportError):
+        import myst_nb  # noqa: F401
