@@ -21,17 +21,10 @@ from torch import Tensor, nn
 
 from .models import build_model, count_parameters
 from .scaling import METHODS
+from .theory import check_n_skips
 
 KAPPA_COLOR = "#b2182b"  # skip arrows and their kappa labels
 STREAM_COLOR = "#4d4d4d"  # encoder/decoder stream arrows
-
-
-def _check_n_skips(n_skips) -> int:
-    if isinstance(n_skips, bool) or not isinstance(n_skips, numbers.Integral):
-        raise ValueError(f"n_skips must be a whole number >= 1 (the number of long skips N), got {n_skips!r}")
-    if n_skips < 1:
-        raise ValueError(f"n_skips must be >= 1: a UNet needs at least one long skip, got {n_skips}")
-    return int(n_skips)
 
 
 def _format_label(value, symbol: str, i: int) -> str:
@@ -91,7 +84,7 @@ def draw_unet(
         The Axes. The skip labels are Text objects with gid ``"kappa_<i>"``, the stream labels
         ``"stream_<i>"``, the blocks ``"a_<i>"``, ``"b_<i>"`` and ``"bottleneck"``.
     """
-    n = _check_n_skips(n_skips)
+    n = check_n_skips(n_skips)
     kappa_values = _check_labels(kappas, n, "kappas")
     kappa_labels = [_format_label(v, r"\kappa", i) for i, v in enumerate(kappa_values, start=1)]
     stream_labels = None

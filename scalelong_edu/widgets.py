@@ -1,13 +1,9 @@
-"""The kappa widgets of the book, their static figures, and the small theory they show.
+"""The kappa widgets of the book and their static figures (the theory they show: :mod:`.theory`).
 
 * :func:`kappa_coefficients`, :func:`stream_coefficients`, :func:`kappa_table` -- the
   coefficients each constant method puts on the long skips (and, for the block-output scaling of
   Hanin & Rolnick, on the decoder stream), read from :mod:`scalelong_edu.scaling`, the one place
   that defines them.
-* :func:`sum_kappa_squared`, :func:`cs_sum_kappa_squared`, :func:`cs_kappa_range` -- the sum
-  ``sum_i kappa_i^2`` that the paper's bounds contain, its closed form for CS, and the range of the
-  CS base ``kappa`` that puts it inside a target band (the paper's Section 4.1 uses [1.22, 5]).
-  These will move to a ``theory`` module; the names stay.
 * :func:`measured_kappas` -- the mean ``kappa_i`` a model applies to a batch (LS gates included).
 * :func:`plot_kappas`, :func:`plot_cs_band` -- the static figures.
 * :func:`kappa_explorer` -- the ipywidgets control (method, kappa, N) that redraws
@@ -19,7 +15,6 @@ from __future__ import annotations
 
 import io
 import math
-import numbers
 from typing import Callable, Sequence
 
 import numpy as np
@@ -30,13 +25,8 @@ from torch import Tensor, nn
 from .diagrams import skip_features
 from .plotting import METHOD_COLORS
 from .scaling import METHODS, BlockOutputScaling, check_kappa, make_scaling
-
-SUM_KAPPA2_BAND = (1.22, 5.0)
-"""The band for ``sum_i kappa_i^2`` derived in the paper's Section 4.1: from the mean of
-``||eps||^2 / ||x_t||^2`` (about 1.22) up to a rough upper bound of 5."""
-
-PAPER_KAPPA_RANGE = (0.5, 0.95)
-"""The range of the CS base ``kappa`` the paper estimates from that band."""
+from .theory import (PAPER_KAPPA_RANGE, SUM_KAPPA2_BAND, check_band, check_n_skips, cs_kappa_range,
+                     cs_sum_kappa_squared, sum_kappa_squared)
 
 CONSTANT_METHODS = ("none", "sqrt2-cs", "cs", "block-output")
 LEARNED_METHODS = ("ls", "ls-per-skip")
@@ -59,14 +49,6 @@ LearnedKappas = Callable[[str, int], Sequence[float]]
 # --------------------------------------------------------------------------------------------
 
 
-def _check_n_skips(n_skips) -> int:
-    if isinstance(n_skips, bool) or not isinstance(n_skips, numbers.Integral):
-        raise ValueError(f"n_skips must be a whole number >= 1 (the number of long skips N), got {n_skips!r}")
-    if n_skips < 1:
-        raise ValueError(f"n_skips must be >= 1: a UNet needs at least one long skip, got {n_skips}")
-    return int(n_skips)
-
-
 def _check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"unknown skip-scaling method {method!r}; choose one of {', '.join(METHODS)}")
@@ -74,7 +56,7 @@ def _check_method(method: str) -> str:
 
 
 def _bound_scaling(method: str, kappa: float, n_skips: int):
-    n = _check_n_skips(n_skips)
+    n = check_n_skips(n_skips)
     kappa = check_kappa(kappa)
     if _check_method(method) in LEARNED_METHODS:
         raise ValueError(
@@ -112,87 +94,6 @@ def stream_coefficients(method: str, kappa: float = 0.5, n_skips: int = 6) -> li
     return [1.0] * n
 
 
-def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
-    """``sum_i kappa_i^2``, the factor the paper's Theorems 3.1 and 3.3 put on ``||x_t||^2``."""
-    if isinstance(kappas, (str, bytes)):
-        raise ValueError(f"kappas must be a sequence of numbers, got {kappas!r}")
-    try:
-        values = [float(k) for k in (kappas.flatten().tolist() if isinstance(kappas, Tensor) else kappas)]
-    except (TypeError, ValueError):
-        raise ValueError(f"kappas must be a sequence of numbers, got {kappas!r}") from None
-    if not values:
-        raise ValueError("kappas is empty: give one coefficient per long skip")
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"kappas must be finite, got {values}")
-    return float(sum(v * v for v in values))
-
-
-def cs_sum_kappa_squared(kappa: float, n_skips: int) -> float:
-    """Closed form of ``sum_i kappa_i^2`` under CS: ``(1 - kappa^(2N)) / (1 - kappa^2)``, N at kappa = 1."""
-    kappa, n = check_kappa(kappa), _check_n_skips(n_skips)
-    q = kappa * kappa
-    if abs(q - 1.0) < 1e-12:
-        return float(n)
-    return float((1.0 - q**n) / (1.0 - q))
-
-
-def _cs_sum_direct(kappa: float, n: int) -> float:
-    try:
-        return math.fsum(kappa ** (2 * j) for j in range(n))
-    except OverflowError:
-        return math.inf
-
-
-def cs_kappa_range(n_skips: int, lo: float = SUM_KAPPA2_BAND[0], hi: float = SUM_KAPPA2_BAND[1],
-                   tol: float = 1e-12) -> tuple[float, float]:
-    """The CS bases ``kappa`` for which ``lo <= sum_i kappa_i^2 <= hi`` with ``N`` skips.
-
-    Under CS the sum ``1 + kappa^2 + ... + kappa^(2N-2)`` grows strictly with ``kappa`` from 1
-    (``kappa -> 0``), so the answer is an interval ``[kappa_lo, kappa_hi]``; both ends are found by
-    bisection to ``tol``. When ``lo <= 1`` every small ``kappa`` meets the lower end and
-    ``kappa_lo`` is 0.
-
-    Raises:
-        ValueError: ``N < 1``, a band that is not ``0 <= lo < hi`` finite, ``hi <= 1`` (no ``kappa``
-            reaches it: ``kappa_1 = 1`` alone gives 1), or ``N = 1`` with ``lo > 1`` (the sum is then
-            always 1).
-    """
-    n = _check_n_skips(n_skips)
-    lo, hi = _check_band((lo, hi))
-    if not tol > 0:
-        raise ValueError(f"tol must be > 0, got {tol}")
-    if hi <= 1.0:
-        raise ValueError(f"hi must exceed 1: under CS kappa_1 = 1, so the sum is at least 1 (got hi={hi})")
-    if n == 1:
-        if lo > 1.0:
-            raise ValueError(f"with N = 1 the sum is always kappa_1^2 = 1, below lo={lo}; no kappa works")
-        return 0.0, math.inf
-
-    def solve(target: float) -> float:
-        a, b = 0.0, 1.0
-        while _cs_sum_direct(b, n) < target:
-            a, b = b, 2 * b
-        while b - a > tol * max(1.0, b):
-            mid = 0.5 * (a + b)
-            if _cs_sum_direct(mid, n) < target:
-                a = mid
-            else:
-                b = mid
-        return 0.5 * (a + b)
-
-    return (0.0 if lo <= 1.0 else solve(lo)), solve(hi)
-
-
-def _check_band(band) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in band)
-    except (TypeError, ValueError):
-        raise ValueError(f"band must be two numbers (lo, hi), got {band!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
-        raise ValueError(f"band must satisfy 0 <= lo < hi (finite), got ({lo}, {hi})")
-    return lo, hi
-
-
 def kappa_table(n_skips: int = 6, kappa: float = 0.5,
                 methods: Sequence[str | tuple[str, float]] = CONSTANT_METHODS) -> pd.DataFrame:
     """One row per constant method: ``kappa_1 .. kappa_N`` and ``sum_i kappa_i^2``.
@@ -200,7 +101,7 @@ def kappa_table(n_skips: int = 6, kappa: float = 0.5,
     ``methods`` entries are names, or ``(name, kappa)`` pairs to show one method at several bases.
     ``block-output`` gets a second row with its stream factors ``eta_i`` (no sum there).
     """
-    n = _check_n_skips(n_skips)
+    n = check_n_skips(n_skips)
     rows: dict[str, list[float]] = {}
     for entry in methods:
         method, k = (entry, kappa) if isinstance(entry, str) else entry
@@ -253,8 +154,8 @@ def plot_kappas(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, *,
         states the sum.
     """
     _check_method(method)
-    kappa, n = check_kappa(kappa), _check_n_skips(n_skips)
-    lo, hi = _check_band(band)
+    kappa, n = check_kappa(kappa), check_n_skips(n_skips)
+    lo, hi = check_band(band)
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -317,8 +218,8 @@ def plot_cs_band(n_values: Sequence[int] = (2, 4, 6, 8, 10, 12), ax=None, *,
                  band: tuple[float, float] = SUM_KAPPA2_BAND, kappa_max: float = 1.05):
     """``sum_i kappa_i^2`` under CS against ``kappa`` for several ``N``, the target band shaded,
     the ends of each :func:`cs_kappa_range` marked, and the paper's ``kappa`` range in grey."""
-    lo, hi = _check_band(band)
-    ns = [_check_n_skips(n) for n in n_values]
+    lo, hi = check_band(band)
+    ns = [check_n_skips(n) for n in n_values]
     if not ns:
         raise ValueError("n_values is empty: give at least one N")
     kappa_max = check_kappa(kappa_max, "kappa_max")
@@ -375,7 +276,7 @@ class KappaExplorer:
         import ipywidgets as w
 
         _check_method(method)
-        kappa, n = check_kappa(kappa), _check_n_skips(n_skips)
+        kappa, n = check_kappa(kappa), check_n_skips(n_skips)
         if learned is not None and not callable(learned):
             raise ValueError("learned must be a function (method, n_skips) -> N mean gates, or None")
         self.learned = learned

@@ -1,4 +1,4 @@
-"""Tests of scalelong_edu.widgets: coefficients, the sum of kappa_i^2 and its band, figures, the widget."""
+"""Tests of scalelong_edu.widgets and .theory: coefficients, the sum of kappa_i^2 and its band, figures, the widget."""
 
 import math
 
@@ -11,11 +11,9 @@ import torch  # noqa: E402
 
 from scalelong_edu.models import build_model  # noqa: E402
 from scalelong_edu.scaling import METHODS  # noqa: E402
+from scalelong_edu.theory import SUM_KAPPA2_BAND, cs_kappa_range, cs_sum_kappa_squared, sum_kappa_squared  # noqa: E402
 from scalelong_edu.widgets import (  # noqa: E402
-    SUM_KAPPA2_BAND,
     KappaExplorer,
-    cs_kappa_range,
-    cs_sum_kappa_squared,
     kappa_coefficients,
     kappa_explorer,
     kappa_table,
@@ -23,7 +21,6 @@ from scalelong_edu.widgets import (  # noqa: E402
     plot_cs_band,
     plot_kappas,
     stream_coefficients,
-    sum_kappa_squared,
 )
 
 

@@ -1,0 +1,113 @@
+"""The quantities of the paper's theorems as functions.
+
+So far: ``sum_i kappa_i^2``, the factor that Theorems 3.1 and 3.3 put on ``||x_t||^2`` in the
+bounds on hidden-feature and gradient norms, its closed form under CS, and the range of the CS
+base ``kappa`` that keeps it inside the band the paper's Section 4.1 derives.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+from torch import Tensor
+
+from .scaling import check_kappa
+
+SUM_KAPPA2_BAND = (1.22, 5.0)
+"""The band for ``sum_i kappa_i^2`` derived in the paper's Section 4.1: from the mean of
+``||eps||^2 / ||x_t||^2`` (about 1.22) up to a rough upper bound of 5."""
+
+PAPER_KAPPA_RANGE = (0.5, 0.95)
+"""The range of the CS base ``kappa`` the paper estimates from that band."""
+
+def check_n_skips(n_skips: int) -> int:
+    """``n_skips`` as an int, or a ValueError saying what N must be."""
+    if isinstance(n_skips, bool) or not isinstance(n_skips, numbers.Integral):
+        raise ValueError(f"n_skips must be a whole number >= 1 (the number of long skips N), got {n_skips!r}")
+    if n_skips < 1:
+        raise ValueError(f"n_skips must be >= 1: a UNet needs at least one long skip, got {n_skips}")
+    return int(n_skips)
+
+
+def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
+    """``sum_i kappa_i^2``, the factor the paper's Theorems 3.1 and 3.3 put on ``||x_t||^2``."""
+    if isinstance(kappas, (str, bytes)):
+        raise ValueError(f"kappas must be a sequence of numbers, got {kappas!r}")
+    try:
+        values = [float(k) for k in (kappas.flatten().tolist() if isinstance(kappas, Tensor) else kappas)]
+    except (TypeError, ValueError):
+        raise ValueError(f"kappas must be a sequence of numbers, got {kappas!r}") from None
+    if not values:
+        raise ValueError("kappas is empty: give one coefficient per long skip")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"kappas must be finite, got {values}")
+    return float(sum(v * v for v in values))
+
+
+def cs_sum_kappa_squared(kappa: float, n_skips: int) -> float:
+    """Closed form of ``sum_i kappa_i^2`` under CS: ``(1 - kappa^(2N)) / (1 - kappa^2)``, N at kappa = 1."""
+    kappa, n = check_kappa(kappa), check_n_skips(n_skips)
+    q = kappa * kappa
+    if abs(q - 1.0) < 1e-12:
+        return float(n)
+    return float((1.0 - q**n) / (1.0 - q))
+
+
+def _cs_sum_direct(kappa: float, n: int) -> float:
+    try:
+        return math.fsum(kappa ** (2 * j) for j in range(n))
+    except OverflowError:
+        return math.inf
+
+
+def cs_kappa_range(n_skips: int, lo: float = SUM_KAPPA2_BAND[0], hi: float = SUM_KAPPA2_BAND[1],
+                   tol: float = 1e-12) -> tuple[float, float]:
+    """The CS bases ``kappa`` for which ``lo <= sum_i kappa_i^2 <= hi`` with ``N`` skips.
+
+    Under CS the sum ``1 + kappa^2 + ... + kappa^(2N-2)`` grows strictly with ``kappa`` from 1
+    (``kappa -> 0``), so the answer is an interval ``[kappa_lo, kappa_hi]``; both ends are found by
+    bisection to ``tol``. When ``lo <= 1`` every small ``kappa`` meets the lower end and
+    ``kappa_lo`` is 0.
+
+    Raises:
+        ValueError: ``N < 1``, a band that is not ``0 <= lo < hi`` finite, ``hi <= 1`` (no ``kappa``
+            reaches it: ``kappa_1 = 1`` alone gives 1), or ``N = 1`` with ``lo > 1`` (the sum is then
+            always 1).
+    """
+    n = check_n_skips(n_skips)
+    lo, hi = check_band((lo, hi))
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol}")
+    if hi <= 1.0:
+        raise ValueError(f"hi must exceed 1: under CS kappa_1 = 1, so the sum is at least 1 (got hi={hi})")
+    if n == 1:
+        if lo > 1.0:
+            raise ValueError(f"with N = 1 the sum is always kappa_1^2 = 1, below lo={lo}; no kappa works")
+        return 0.0, math.inf
+
+    def solve(target: float) -> float:
+        a, b = 0.0, 1.0
+        while _cs_sum_direct(b, n) < target:
+            a, b = b, 2 * b
+        while b - a > tol * max(1.0, b):
+            mid = 0.5 * (a + b)
+            if _cs_sum_direct(mid, n) < target:
+                a = mid
+            else:
+                b = mid
+        return 0.5 * (a + b)
+
+    return (0.0 if lo <= 1.0 else solve(lo)), solve(hi)
+
+
+def check_band(band: Sequence[float]) -> tuple[float, float]:
+    """``(lo, hi)`` as floats, or a ValueError unless ``0 <= lo < hi`` are finite."""
+    try:
+        lo, hi = (float(v) for v in band)
+    except (TypeError, ValueError):
+        raise ValueError(f"band must be two numbers (lo, hi), got {band!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise ValueError(f"band must satisfy 0 <= lo < hi (finite), got ({lo}, {hi})")
+    return lo, hi
