@@ -55,6 +55,20 @@ def test_unet_skips_mirror_resolutions():
     assert model.scaling.widths == (16, 16, 32, 32, 32, 32)
 
 
+@pytest.mark.parametrize("preset", ["unet-ci", "unet-s", "unet-m", "uvit-ci"])
+def test_the_output_depends_on_the_time(preset):
+    """Normalisation must not erase the time embedding (instance norm after a per-channel bias would)."""
+    torch.manual_seed(0)
+    model = build_model(preset, 1, 16)
+    for module in model.modules():  # undo the zero init of the residual branches' last layers
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            torch.nn.init.normal_(module.weight, std=0.1)
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        change = (model(x, torch.full((2,), 10.0)) - model(x, torch.full((2,), 900.0))).abs().max()
+    assert change > 1e-2
+
+
 def test_kappa_survives_the_normalisation_of_a_conv_decoder_block():
     """The 1x1 merge mixes stream and skip before GroupNorm, so kappa_i changes the residual branch."""
     torch.manual_seed(0)

@@ -19,7 +19,6 @@ downsampled, so the two sides mirror.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -30,9 +29,14 @@ from ..scaling import SkipScaling
 from .embedding import timestep_embedding
 
 
-def group_norm(channels: int) -> nn.GroupNorm:
-    """GroupNorm with the largest group count <= 32 that divides ``channels``."""
-    return nn.GroupNorm(math.gcd(channels, 32), channels)
+def group_norm(channels: int, min_group: int = 4) -> nn.GroupNorm:
+    """GroupNorm with the most groups (<= 32) that divide ``channels`` into groups of >= ``min_group``.
+
+    Groups of a single channel would be instance norm, which subtracts each channel's mean and so
+    erases the per-channel time embedding a residual block adds: the network could not see ``t``.
+    """
+    groups = max(g for g in range(1, 33) if channels % g == 0 and channels // g >= min(min_group, channels))
+    return nn.GroupNorm(groups, channels)
 
 
 class ResBlock(nn.Module):
