@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.name} ({result.spec['profile']['name']} profile) on {result.provenance['device']}, "
               f"{result.provenance['wall_time_s']:.0f} s")
         for r in result.runs:
-            last = r["history"][-100:]
-            loss = sum(h["loss"] for h in last) / max(len(last), 1)
+            last = r["history"].get("loss", [])[-100:]
+            loss = sum(last) / max(len(last), 1)
             status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
             print(f"  {r['label']:28s} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
         if result.path:

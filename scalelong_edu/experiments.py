@@ -149,13 +149,15 @@ class ExperimentResult:
         """Per-step training curves of every run: ``label, step, loss, grad_norm, lr``."""
         import pandas as pd
 
-        return pd.DataFrame([{"label": r["label"], **h} for r in self.runs for h in r["history"]])
+        frames = [pd.DataFrame(r["history"]).assign(label=r["label"]) for r in self.runs]
+        frame = pd.concat(frames, ignore_index=True)
+        return frame[["label", *(c for c in frame.columns if c != "label")]]
 
     def probes(self):
         """All probe rows (:data:`scalelong_edu.probes.COLUMNS`) with a ``label`` column."""
-        frames = [to_frame(r["probes"]).assign(label=r["label"]) for r in self.runs]
         import pandas as pd
 
+        frames = [to_frame(_rows(r["probes"])).assign(label=r["label"]) for r in self.runs]
         return pd.concat(frames, ignore_index=True)
 
     def samples(self, label: str) -> torch.Tensor:
@@ -214,7 +216,7 @@ def train_run(
     wall = time.perf_counter() - start
 
     record: dict[str, Any] = {"label": run.label, "run": asdict(run), "parameters": count_parameters(model),
-                              "diverged_at": diverged_at, "wall_time_s": wall, "history": trainer.history}
+                              "diverged_at": diverged_at, "wall_time_s": wall, "history": _columns(trainer.history)}
     if diverged_at is None:
         test = load_dataset(profile.dataset, "test", image_size=profile.image_size).tensors()[0]
         x0 = test[: profile.batch_size].to(trainer.device)
@@ -225,8 +227,17 @@ def train_run(
         samples = ddim_sample(trainer.ema, schedule, (profile.n_samples, *images.shape[1:]),
                               steps=profile.sample_steps, device=trainer.device, generator=gen)
         record["samples"] = ((samples.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().tolist()
-    record["probes"] = recorder.rows
+    record["probes"] = _columns(recorder.rows)
     return record
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Rows as one list per column: the cached JSON stays compact."""
+    return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
+
+
+def _rows(columns: dict[str, list]) -> list[dict[str, Any]]:
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def run_experiment(
