@@ -79,6 +79,9 @@ class Callback:
 
     def on_step_end(self, trainer: Trainer, step: int) -> None: ...
 
+    def on_fit_end(self, trainer: Trainer) -> None:
+        """Called once when :meth:`Trainer.fit` finishes, whatever ``every`` is."""
+
 
 class Every(Callback):
     """Call ``fn(trainer, step)`` after every ``every``-th step."""
@@ -257,6 +260,8 @@ class Trainer:
             bar.close()
         if checkpoint is not None:
             self.save(checkpoint)
+        for cb in self.callbacks:
+            cb.on_fit_end(self)
         return self.history
 
     # -- checkpoints -------------------------------------------------------------------------

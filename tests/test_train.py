@@ -77,11 +77,18 @@ def test_gradient_clipping_bounds_the_norm():
     assert max(norms) <= 1e-3 * 1.0001
 
 
-def test_callbacks_run_at_their_steps():
+def test_callbacks_run_at_their_steps_and_at_the_end():
     seen = []
-    tr = make_trainer(callbacks=[Every(3, lambda trainer, step: seen.append((step, trainer.step)))])
+
+    class End(Callback):
+        every = 100
+
+        def on_fit_end(self, trainer):
+            seen.append(("end", trainer.step))
+
+    tr = make_trainer(callbacks=[Every(3, lambda trainer, step: seen.append((step, trainer.step))), End()])
     tr.fit()
-    assert seen == [(3, 3), (6, 6)]
+    assert seen == [(3, 3), (6, 6), ("end", 8)]
 
 
 def test_nan_loss_stops_the_run_naming_the_step():
