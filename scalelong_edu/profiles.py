@@ -1,7 +1,9 @@
 """Profiles: one switch that sizes every experiment in the book.
 
 * ``ci``  -- tiny: the whole notebook suite runs under nbval on a 2-core CPU in minutes;
-* ``cpu`` -- the default without a GPU: real but small runs, a chapter's live runs in <= 10 min;
+* ``cpu`` -- the default without a GPU: real but small runs, a chapter's live runs in <= 10 min
+  (measured on 2 cores: a 1,200-step run takes about 1.3 min for ``unet-s`` and 1.8 min for
+  ``uvit-s``, so an experiment of four runs fits);
 * ``gpu`` -- the default with a GPU: CIFAR-10 with an 11M-parameter U-ViT (patch 2, N = 6),
   a chapter's four runs in about 25 minutes on a Colab T4 by ``benchmarks/t4_estimate.py``.
   The paper's U-ViT-S/2 (preset ``uvit-cifar``) costs 4x the FLOPs of ``uvit-m`` a step: too
@@ -60,7 +62,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, warmup=5,
                 eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
-        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1500, warmup=100,
+        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1200, warmup=100,
                 eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),
         Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, steps=2500, warmup=250,
                 eval_every=100, ema_decay=0.999, n_samples=256, sample_steps=100),

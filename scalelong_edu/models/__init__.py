@@ -20,7 +20,7 @@ PRESETS: dict[str, tuple[type[nn.Module], dict]] = {
     "unet-m": (UNet, dict(base_channels=96, channel_mults=(1, 1, 1), blocks_per_level=2)),
     # U-ViTs; "uvit-cifar" is the official CIFAR-10 U-ViT-S/2 (44M parameters)
     "uvit-ci": (UViT, dict(patch_size=4, embed_dim=64, depth=4, num_heads=2)),
-    "uvit-s": (UViT, dict(patch_size=4, embed_dim=128, depth=12, num_heads=4)),
+    "uvit-s": (UViT, dict(patch_size=4, embed_dim=96, depth=12, num_heads=4)),
     "uvit-m": (UViT, dict(patch_size=2, embed_dim=256, depth=12, num_heads=4)),
     "uvit-cifar": (UViT, dict(patch_size=2, embed_dim=512, depth=12, num_heads=8)),
 }
