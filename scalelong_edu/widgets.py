@@ -388,7 +388,6 @@ def kappa_explorer(method: str = "cs", kappa: float = 0.5, n_skips: int = 6,
 
 
 __all__ = [
-    "SUM_KAPPA2_BAND", "PAPER_KAPPA_RANGE", "CONSTANT_METHODS", "LEARNED_METHODS", "METHOD_LABELS",
-    "kappa_coefficients", "stream_coefficients", "sum_kappa_squared", "cs_sum_kappa_squared", "cs_kappa_range",
+    "CONSTANT_METHODS", "LEARNED_METHODS", "METHOD_LABELS", "kappa_coefficients", "stream_coefficients",
     "kappa_table", "measured_kappas", "plot_kappas", "plot_cs_band", "KappaExplorer", "kappa_explorer",
 ]
