@@ -27,6 +27,7 @@ import torch
 from . import __version__
 from .data import data_root, load_dataset
 from .diffusion import cosine_schedule, ddim_sample, linear_schedule
+from .files import atomic_write
 from .models import build_model, count_parameters
 from .probes import ProbeRecorder, robustness, to_frame
 from .profiles import Profile, get_profile
@@ -264,7 +265,7 @@ def run_experiment(
         result.runs.append(train_run(run, experiment, profile, dev, progress))
     result.provenance["wall_time_s"] = time.perf_counter() - start
     if init_distributed()[0] == 0:  # under torchrun only rank 0 writes
-        _write_atomic(path, result.to_json())
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result.to_json(), separators=(",", ":"))))
         result.path = path
     return result
 
@@ -277,14 +278,3 @@ def load_result(path: str | Path) -> ExperimentResult:
         return ExperimentResult(data["spec"], data["provenance"], data["runs"], path)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"cached result {path} is damaged ({e}); delete it and run the experiment again") from e
-
-
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, separators=(",", ":")))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-

@@ -32,7 +32,6 @@ The paper's FID tables (CIFAR-10, CelebA, ImageNet) can be approached only with
 from __future__ import annotations
 
 import math
-import os
 import socket
 import warnings
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from tqdm.auto import tqdm
 
 from . import __version__
 from .data import data_root, list_datasets, load_dataset
+from .files import atomic_write
 
 FEATURE_DIM = 64  # width of the classifier's feature layer: the dimension of the FCD Gaussians
 TRAIN_STEPS = 1500  # default training budget of the feature classifier (batches of TRAIN_BATCH)
@@ -258,17 +258,6 @@ def _load_cached(path: Path, expected: dict, device: torch.device) -> FeatureCla
     return None
 
 
-def _save_atomically(record: dict, path: Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path`` in one step."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(record, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def get_feature_classifier(
     dataset: str,
     image_size: int | None = None,
@@ -333,7 +322,8 @@ def get_feature_classifier(
             return model
     model = _train_classifier(dataset, image_size, info.num_classes, train_steps, root, device, progress)
     state_dict = {k: v.cpu() for k, v in model.state_dict().items()}
-    _save_atomically({**expected, "state_dict": state_dict, "accuracy": model.accuracy}, path)
+    record = {**expected, "state_dict": state_dict, "accuracy": model.accuracy}
+    atomic_write(path, lambda tmp: torch.save(record, tmp))
     return model
 
 

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import __version__
 from .diffusion import Schedule, eps_loss
+from .files import atomic_write
 
 CHECKPOINT_FORMAT = 1
 
@@ -290,14 +291,7 @@ class Trainer:
     def save(self, path: str | Path) -> None:
         """Write a checkpoint atomically (a temporary file, then a rename); rank 0 only."""
         if self.rank == 0:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                torch.save(self.state_dict(), tmp)
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+            atomic_write(path, lambda tmp: torch.save(self.state_dict(), tmp))
         if self.world > 1:
             dist.barrier()
 

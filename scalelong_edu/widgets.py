@@ -25,8 +25,15 @@ from torch import Tensor, nn
 from .diagrams import skip_features
 from .plotting import METHOD_COLORS
 from .scaling import METHODS, BlockOutputScaling, check_kappa, make_scaling
-from .theory import (PAPER_KAPPA_RANGE, SUM_KAPPA2_BAND, check_band, check_n_skips, cs_kappa_range,
-                     cs_sum_kappa_squared, sum_kappa_squared)
+from .theory import (
+    PAPER_KAPPA_RANGE,
+    SUM_KAPPA2_BAND,
+    check_band,
+    check_n_skips,
+    cs_kappa_range,
+    cs_sum_kappa_squared,
+    sum_kappa_squared,
+)
 
 CONSTANT_METHODS = ("none", "sqrt2-cs", "cs", "block-output")
 LEARNED_METHODS = ("ls", "ls-per-skip")

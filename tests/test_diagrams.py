@@ -1,22 +1,14 @@
 """Tests of scalelong_edu.diagrams: the UNet diagram, skip features and tables, parameter counts."""
 
 import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from scalelong_edu.diagrams import draw_unet, parameter_table, skip_features, skip_summary  # noqa: E402
-from scalelong_edu.models import build_model  # noqa: E402
-from scalelong_edu.models.embedding import timestep_embedding  # noqa: E402
-from scalelong_edu.scaling import Calibration, cs_coefficients  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+from scalelong_edu.diagrams import draw_unet, parameter_table, skip_features, skip_summary
+from scalelong_edu.models import build_model
+from scalelong_edu.models.embedding import timestep_embedding
+from scalelong_edu.scaling import Calibration, cs_coefficients
 
 
 def _texts(ax, prefix):

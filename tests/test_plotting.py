@@ -1,18 +1,15 @@
 """Tests of scalelong_edu.plotting: image grids, schedule and forward-process figures, live loss plot."""
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from scalelong_edu import plotting  # noqa: E402
-from scalelong_edu.diffusion import VPSDE, cosine_schedule, linear_schedule  # noqa: E402
-from scalelong_edu.models import build_model  # noqa: E402
-from scalelong_edu.plotting import (  # noqa: E402
+from scalelong_edu import plotting
+from scalelong_edu.diffusion import VPSDE, cosine_schedule, linear_schedule
+from scalelong_edu.models import build_model
+from scalelong_edu.plotting import (
     LiveLossPlot,
     image_grid,
     log_axis,
@@ -21,13 +18,7 @@ from scalelong_edu.plotting import (  # noqa: E402
     plot_schedules,
     show_images,
 )
-from scalelong_edu.train import Callback, TrainConfig, Trainer  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+from scalelong_edu.train import Callback, TrainConfig, Trainer
 
 
 # -- image_grid / show_images -----------------------------------------------------------------------

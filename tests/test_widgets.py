@@ -2,17 +2,13 @@
 
 import math
 
-import matplotlib
+import pytest
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from scalelong_edu.models import build_model  # noqa: E402
-from scalelong_edu.scaling import METHODS  # noqa: E402
-from scalelong_edu.theory import SUM_KAPPA2_BAND, cs_kappa_range, cs_sum_kappa_squared, sum_kappa_squared  # noqa: E402
-from scalelong_edu.widgets import (  # noqa: E402
+from scalelong_edu.models import build_model
+from scalelong_edu.scaling import METHODS
+from scalelong_edu.theory import SUM_KAPPA2_BAND, cs_kappa_range, cs_sum_kappa_squared, sum_kappa_squared
+from scalelong_edu.widgets import (
     KappaExplorer,
     kappa_coefficients,
     kappa_explorer,
@@ -22,12 +18,6 @@ from scalelong_edu.widgets import (  # noqa: E402
     plot_kappas,
     stream_coefficients,
 )
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_kappa_coefficients_of_every_constant_method():
