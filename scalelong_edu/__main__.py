@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .experiments import EXPERIMENTS, cache_path, run_experiment
+from .experiments import EXPERIMENTS, cache_status, run_experiment
 from .profiles import ENV_VAR, PROFILES, get_profile
 
 DESCRIPTION = f"""\
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scalelong_edu", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--traceback", action="store_true", help="on an error, show the full traceback")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     listing = commands.add_parser("list", help="list the experiments and whether a cached result exists")
     listing.add_argument("--profile", choices=list(PROFILES), help="profile to check the cache for")
@@ -41,7 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    try:
+        _command(args)
+    except (ValueError, RuntimeError, OSError) as e:
+        if args.traceback:
+            raise
+        print(f"error: {_one_line(e, getattr(args, 'profile', None))}", file=sys.stderr)
+        return 1
+    return 0
 
+
+def _one_line(error: Exception, profile: str | None) -> str:
+    """The first line of an error's message, with the way out when a dataset needs the internet."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "dataset" in text and "download" in text and (profile or get_profile().name) == "gpu":
+        text += " Without internet, use --profile cpu (its mnist5k ships with pip)."
+    return text
+
+
+def _command(args: argparse.Namespace) -> None:
     if args.command == "profiles":
         for p in PROFILES.values():
             print(", ".join(f"{k}={v}" for k, v in p.as_dict().items()))
@@ -49,13 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         profile = get_profile(args.profile)
         print(f"profile: {profile.name}")
         for e in EXPERIMENTS.values():
-            cached = "cached" if cache_path(e, profile).exists() else "      "
-            print(f"  {e.name:16s} {cached}  {len(e.runs)} runs  {e.description}")
+            print(f"  {e.name:16s} {len(e.runs):2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
     else:
         result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
                                 progress=not args.no_progress)
-        print(f"{args.name} ({result.spec['profile']['name']} profile) on {result.provenance['device']}, "
-              f"{result.provenance['wall_time_s']:.0f} s")
+        print(f"{args.name} ({result.spec['profile']['name']} profile), {result.describe()}")
         for r in result.runs:
             last = r["history"].get("loss", [])[-100:]
             loss = sum(last) / max(len(last), 1)
@@ -63,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['label']:28s} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
         if result.path:
             print(f"result: {result.path}")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -291,6 +291,15 @@ class _CelebAImages(Sequence):
 def _load_celeba64(name: str, split: str, size: int, root: Path, download: bool) -> tuple[_CelebAImages, torch.Tensor]:
     from torchvision.datasets import CelebA
 
+    if download and not (root / "celeba" / "img_align_celeba").is_dir():
+        try:
+            import gdown  # noqa: F401  (torchvision downloads CelebA from Google Drive with it)
+        except ImportError:
+            raise RuntimeError(
+                "Downloading 'celeba64' needs the gdown package, which is not installed: pip install gdown.\n"
+                f"  - Or place the files by hand: {_MANUAL_FILES[name].replace('<root>', str(root))}; "
+                f"then load_dataset({name!r}, root={str(root)!r}, download=False) finds them."
+            ) from None
     with _torchvision_guard(name, root, download):
         ds = CelebA(root, split=split, target_type=[], download=download)
     return _CelebAImages(ds, size), torch.zeros(len(ds), dtype=torch.int64)

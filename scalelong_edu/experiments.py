@@ -6,7 +6,10 @@ in dataset, model size, batch and steps. :func:`run_experiment` returns the cach
 one exists for exactly this spec and otherwise trains every run, records the probes
 (:mod:`scalelong_edu.probes`) every ``eval_every`` steps, draws samples from the EMA model, and
 writes the result atomically to ``results_dir()/<name>-<profile>-<hash>.json``. The hash covers
-the full spec, so changing any setting can never pick up a stale result.
+the full spec, so changing any setting can never pick up a stale result, and a file is checked
+on load (its schema, and that its stored spec hashes to its name). Each finished run is kept in
+``<name>-<profile>-<hash>.runs/`` until the experiment completes, so an interrupted experiment
+continues where it stopped.
 
 From the shell: ``python -m scalelong_edu list`` and ``python -m scalelong_edu run NAME``.
 """
@@ -17,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +31,7 @@ import torch
 from . import __version__
 from .data import data_root, load_dataset
 from .diffusion import cosine_schedule, ddim_sample, linear_schedule
-from .files import atomic_write
+from .files import atomic_write, check_writable
 from .models import build_model, count_parameters
 from .probes import ProbeRecorder, robustness, to_frame
 from .profiles import Profile, get_profile
@@ -166,10 +170,17 @@ class ExperimentResult:
         run = next((r for r in self.runs if r["label"] == label), None)
         if run is None:
             raise KeyError(f"no run labelled {label!r}; labels: {[r['label'] for r in self.runs]}")
+        if run["diverged_at"] is not None:
+            raise ValueError(f"run {label!r} diverged at step {run['diverged_at']}: it has no samples")
         return torch.tensor(run["samples"], dtype=torch.float32) / 127.5 - 1
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": self.spec, "provenance": self.provenance, "runs": self.runs}
+
+    def describe(self) -> str:
+        """Where the result came from: e.g. ``computed 2026-11-29 10:00:00 on cpu in 489 s``."""
+        p = self.provenance
+        return f"computed {p.get('started', '?')} on {p.get('device', '?')} in {p.get('wall_time_s', 0):.0f} s"
 
 
 class _ProbeEvery(Callback):
@@ -241,40 +252,137 @@ def _rows(columns: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
+def runs_dir(path: Path) -> Path:
+    """The folder that keeps the finished runs of an unfinished experiment cached at ``path``."""
+    return path.with_suffix(".runs")
+
+
+def finished_runs(experiment: Experiment, path: Path) -> dict[int, dict[str, Any]]:
+    """The runs of ``experiment`` already trained towards ``path``, by index; damaged files are skipped."""
+    done = {}
+    for i, run in enumerate(experiment.runs):
+        file = runs_dir(path) / f"{i}.json"
+        if not file.exists():
+            continue
+        try:
+            saved = json.loads(file.read_text())
+            if saved["run"] != json.loads(json.dumps(asdict(run))):
+                raise ValueError("it belongs to another run")
+            done[i] = _check_record(saved["record"])
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"[{experiment.name}] ignoring the damaged partial result {file} ({e}); training it again",
+                  flush=True)
+    return done
+
+
 def run_experiment(
     name: str, profile: str | Profile | None = None, force: bool = False, device: str | None = None,
     progress: bool = True,
 ) -> ExperimentResult:
-    """The experiment's result: from the cache when its spec matches, else trained now and cached."""
+    """The experiment's result: from the cache when its spec matches, else trained now and cached.
+
+    Every finished run is kept (``runs_dir``) until all are done, so a rerun after an
+    interruption trains only the missing ones; ``force=True`` trains everything again.
+    """
     experiment = get_experiment(name)
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     path = cache_path(experiment, profile)
+    rank = init_distributed()[0]
+
+    def say(text: str) -> None:
+        if progress and rank == 0:
+            print(f"[{experiment.name}] {text}", flush=True)
+
     if path.exists() and not force:
-        return load_result(path)
+        result = load_result(path, experiment.name)
+        say(f"loaded from the cache {path}, {result.describe()}")
+        return result
     dev = pick_device(device)
+    if rank == 0:  # fail now, not after hours of training
+        check_writable(path, "the experiment result")
+    done = {} if force else finished_runs(experiment, path)
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),
                     "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
                     "platform": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
     )
+    if done:
+        say(f"{len(done)} of {len(experiment.runs)} runs already done in {runs_dir(path)}; continuing")
     start = time.perf_counter()
-    for run in experiment.runs:
-        if progress and init_distributed()[0] == 0:
-            print(f"[{experiment.name}] {run.label}", flush=True)
-        result.runs.append(train_run(run, experiment, profile, dev, progress))
-    result.provenance["wall_time_s"] = time.perf_counter() - start
-    if init_distributed()[0] == 0:  # under torchrun only rank 0 writes
+    for i, run in enumerate(experiment.runs):
+        if i in done:
+            result.runs.append(done[i])
+            continue
+        say(f"run {i + 1}/{len(experiment.runs)}: {run.label}")
+        record = train_run(run, experiment, profile, dev, progress)
+        if rank == 0:
+            saved = {"run": asdict(run), "record": record}
+            atomic_write(runs_dir(path) / f"{i}.json", lambda tmp: tmp.write_text(json.dumps(saved)))
+        result.runs.append(record)
+    result.provenance["wall_time_s"] = time.perf_counter() - start + sum(r["wall_time_s"] for r in done.values())
+    if rank == 0:  # under torchrun only rank 0 writes
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result.to_json(), separators=(",", ":"))))
+        shutil.rmtree(runs_dir(path), ignore_errors=True)
         result.path = path
     return result
 
 
-def load_result(path: str | Path) -> ExperimentResult:
-    """Read a cached result; a damaged file raises with what to do."""
+class DamagedResultError(ValueError):
+    """A cached result file that cannot be trusted; the message says how to recompute it."""
+
+
+RECORD_FIELDS = {"label": str, "run": dict, "parameters": int, "wall_time_s": (int, float), "history": dict,
+                 "probes": dict}
+
+
+def _check_record(record: Any) -> dict[str, Any]:
+    """Raise a ValueError unless ``record`` has the fields and types :func:`train_run` writes."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a run is a {type(record).__name__}, not an object")
+    for key, kind in RECORD_FIELDS.items():
+        if not isinstance(record.get(key), kind):
+            raise ValueError(f"run field {key!r} is missing or not {getattr(kind, '__name__', kind)}")
+    if not (record.get("diverged_at") is None or isinstance(record["diverged_at"], int)):
+        raise ValueError("run field 'diverged_at' must be null or a step")
+    if record["diverged_at"] is None and not isinstance(record.get("samples"), list):
+        raise ValueError(f"run {record['label']!r} finished but has no samples")
+    return record
+
+
+def load_result(path: str | Path, name: str | None = None) -> ExperimentResult:
+    """Read a cached result, checking its schema and that its stored spec hashes to its file name.
+
+    A damaged file raises :class:`DamagedResultError`, whose message says how to recompute it
+    (``name``, default from the file name, is the experiment to name there).
+    """
     path = Path(path)
+    name = name or path.name.rsplit("-", 2)[0]
     try:
         data = json.loads(path.read_text())
-        return ExperimentResult(data["spec"], data["provenance"], data["runs"], path)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"cached result {path} is damaged ({e}); delete it and run the experiment again") from e
+        if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
+            raise ValueError("no 'spec' object")
+        if not isinstance(data.get("provenance"), dict) or not isinstance(data.get("runs"), list):
+            raise ValueError("no 'provenance' object or 'runs' list")
+        for record in data["runs"]:
+            _check_record(record)
+        if path.stem.rsplit("-", 1)[-1] != spec_hash(data["spec"]):
+            raise ValueError("its stored spec does not hash to its file name (edited?)")
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise DamagedResultError(
+            f"cached result {path} is damaged: {e}; recompute it with "
+            f"`python -m scalelong_edu run {name} --force` (or run_experiment({name!r}, force=True))"
+        ) from e
+    return ExperimentResult(data["spec"], data["provenance"], data["runs"], path)
+
+
+def cache_status(experiment: Experiment, profile: Profile) -> str:
+    """One phrase for ``python -m scalelong_edu list``: cached, damaged, partly done or nothing."""
+    path = cache_path(experiment, profile)
+    if path.exists():
+        try:
+            return f"cached, {load_result(path, experiment.name).describe()}"
+        except DamagedResultError as e:
+            return f"DAMAGED ({e})"
+    done = len(finished_runs(experiment, path)) if runs_dir(path).is_dir() else 0
+    return f"{done} of {len(experiment.runs)} runs done" if done else "not cached"

@@ -7,18 +7,69 @@ from pathlib import Path
 from typing import Callable
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (signal 0 only asks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files that :func:`atomic_write` left for ``path`` in a killed process.
+
+    Temporary files are named ``.<name>.<pid>.tmp``; one whose process no longer runs can only be
+    a leftover (a SIGKILL during a write). Returns the files removed.
+    """
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``.
 
     The rename is atomic on one file system, so readers see the old file or the new one, never a
-    partial one; if ``write`` fails (or the run is interrupted) the temporary file is removed.
+    partial one; if ``write`` fails (or the run is interrupted) the temporary file is removed, and
+    the leftovers of writers that were killed outright are removed by the next write.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    return path
+
+
+def check_writable(path: str | Path, what: str) -> Path:
+    """Raise a clear error now, before any work, if the file ``path`` could not be written later.
+
+    Creates the missing parent folders and writes (then deletes) a probe file beside ``path``.
+    ``what`` names the file in the message, e.g. ``"the checkpoint"``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it")
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(
+            f"cannot write {what} {path} ({type(e).__name__}: {e.strerror or e}); "
+            "choose a folder you can write to before training, so no work is lost"
+        ) from e
     return path

@@ -9,7 +9,9 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from urllib.error import URLError
@@ -275,6 +277,7 @@ def test_failed_download_points_to_offline_fallback(tmp_path, monkeypatch, name,
         raise URLError("simulated: no network")
 
     monkeypatch.setattr(downloader, no_network)
+    monkeypatch.setitem(sys.modules, "gdown", types.ModuleType("gdown"))  # installed: the network is what fails
     socket.setdefaulttimeout(None)
     start = time.perf_counter()
     with pytest.raises(RuntimeError) as err:
@@ -294,6 +297,13 @@ def test_missing_files_without_download(tmp_path, monkeypatch, name, downloader)
     with pytest.raises(RuntimeError, match="download=True") as err:
         load_dataset(name, "test", root=tmp_path, download=False)
     assert str(tmp_path) in str(err.value) and 'load_dataset("mnist5k")' in str(err.value)
+
+
+def test_celeba64_without_gdown_names_the_missing_package(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gdown", None)  # `import gdown` now raises ImportError
+    with pytest.raises(RuntimeError, match="needs the gdown package") as err:
+        load_dataset("celeba64", root=tmp_path, download=True)
+    assert "pip install gdown" in str(err.value) and "internet" not in str(err.value)
 
 
 def test_unknown_dataset():

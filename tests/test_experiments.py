@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from scalelong_edu import experiments as ex
+from scalelong_edu import __main__ as cli
 from scalelong_edu.__main__ import main
 from scalelong_edu.profiles import PROFILES, get_profile
 from scalelong_edu.train import NonFiniteLossError, Trainer
@@ -52,26 +53,78 @@ def test_the_cache_key_covers_the_full_spec():
     assert ex.cache_path(QUICK, TINY) == base
 
 
-def test_an_interrupted_run_leaves_no_cache(tmp_results, monkeypatch):
-    calls = []
+def test_an_interrupted_experiment_keeps_its_finished_runs_and_continues(tmp_results, monkeypatch, capsys):
+    real_train_run, calls = ex.train_run, []
 
-    def second_run_fails(run, *a, **k):
-        calls.append(run)
+    def second_run_is_killed(run, *a, **k):
+        calls.append(run.label)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return {"label": run.label}
+        return real_train_run(run, *a, **k)
 
-    monkeypatch.setattr(ex, "train_run", second_run_fails)
+    monkeypatch.setattr(ex, "train_run", second_run_is_killed)
     with pytest.raises(KeyboardInterrupt):
         ex.run_experiment("quick", TINY)
-    assert list(tmp_results.iterdir()) == []
-
-
-def test_a_damaged_cache_raises_with_advice(tmp_results):
     path = ex.cache_path(QUICK, TINY)
-    path.write_text('{"spec": {')
-    with pytest.raises(ValueError, match="damaged.*delete it"):
+    assert not path.exists() and [f.name for f in ex.runs_dir(path).iterdir()] == ["0.json"]
+    assert ex.cache_status(QUICK, TINY) == "1 of 2 runs done"
+
+    calls.clear()
+    result = ex.run_experiment("quick", TINY)
+    assert calls == ["CS"] and [r["label"] for r in result.runs] == ["none", "CS"]
+    assert "1 of 2 runs already done" in capsys.readouterr().out
+    assert path.exists() and not ex.runs_dir(path).exists()
+
+
+def test_a_damaged_partial_run_is_trained_again(tmp_results, capsys):
+    path = ex.cache_path(QUICK, TINY)
+    ex.runs_dir(path).mkdir()
+    (ex.runs_dir(path) / "0.json").write_text('{"run": {')
+    assert len(ex.run_experiment("quick", TINY).runs) == 2
+    assert "ignoring the damaged partial result" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"spec": {', "Expecting"),
+    ('{"spec":1,"provenance":2,"runs":3}', "no 'spec' object"),
+    ('{"spec":{},"provenance":{},"runs":[{"label": "none"}]}', "run field 'run'"),
+])
+def test_a_damaged_cache_raises_with_advice(tmp_results, capsys, monkeypatch, content, why):
+    path = ex.cache_path(QUICK, TINY)
+    path.write_text(content)
+    with pytest.raises(ex.DamagedResultError, match=f"damaged: {why}.*run quick --force"):
         ex.run_experiment("quick", TINY)
+    monkeypatch.setattr(cli, "get_profile", lambda name=None: TINY)
+    assert main(["list"]) == 0  # `list` reports it instead of crashing
+    listed = capsys.readouterr().out
+    assert f"DAMAGED (cached result {path} is damaged: {why}" in listed and "--force" in listed
+
+
+def test_an_edited_cache_is_not_served(tmp_results):
+    result = ex.run_experiment("quick", TINY, progress=False)
+    data = json.loads(result.path.read_text())
+    data["spec"]["profile"]["steps"] = 4000
+    result.path.write_text(json.dumps(data))
+    with pytest.raises(ex.DamagedResultError, match="does not hash to its file name"):
+        ex.run_experiment("quick", TINY)
+    assert ex.cache_status(QUICK, TINY).startswith("DAMAGED")
+    assert len(ex.run_experiment("quick", TINY, force=True, progress=False).runs) == 2
+
+
+def test_an_unwritable_results_folder_fails_before_training(tmp_path, monkeypatch):
+    occupied = tmp_path / "occupied"
+    occupied.write_text("a file where the results folder should be")
+    monkeypatch.setenv("SCALELONG_RESULTS", str(occupied))
+    monkeypatch.setattr(ex, "train_run", lambda *a, **k: pytest.fail("must fail before training"))
+    with pytest.raises(PermissionError, match=f"cannot write the experiment result {occupied}"):
+        ex.run_experiment("quick", TINY)
+
+
+def test_a_cached_load_says_where_and_when(tmp_results, capsys):
+    ex.run_experiment("quick", TINY, progress=False)
+    result = ex.run_experiment("quick", TINY)
+    out = capsys.readouterr().out
+    assert f"loaded from the cache {result.path}, computed {result.provenance['started']} on cpu" in out
 
 
 def test_divergence_is_recorded_not_hidden(monkeypatch):
@@ -79,12 +132,15 @@ def test_divergence_is_recorded_not_hidden(monkeypatch):
 
     def nan_at_3(self):
         if self.step == 2:
-            raise NonFiniteLossError("nan")
+            raise NonFiniteLossError("nan", self.step + 1)
         return real_step(self)
 
     monkeypatch.setattr(Trainer, "train_step", nan_at_3)
     record = ex.train_run(ex.RunSpec("none"), QUICK, TINY, torch.device("cpu"), progress=False)
     assert record["diverged_at"] == 3 and record["history"]["step"] == [1, 2] and "samples" not in record
+    result = ex.ExperimentResult({}, {}, [record])
+    with pytest.raises(ValueError, match="run 'none' diverged at step 3: it has no samples"):
+        result.samples("none")
 
 
 def test_every_named_experiment_builds_its_models_at_every_profile():
@@ -124,3 +180,22 @@ def test_cli(capsys, monkeypatch):
     assert "quick (ci profile)" in out and "CS" in out and "result:" in out
     with pytest.raises(SystemExit):
         main(["run", "nope"])
+
+
+def test_cli_failures_print_one_line_and_exit_non_zero(capsys, monkeypatch):
+    monkeypatch.setenv("SCALELONG_PROFILE", "tpu")
+    assert main(["list"]) == 1
+    assert capsys.readouterr().err == "error: unknown profile 'tpu'; choose one of ci, cpu, gpu (set SCALELONG_PROFILE or pass it)\n"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["run", "quick", "--profile", "ci", "--device", "cuda"]) == 1
+    assert capsys.readouterr().err == "error: device 'cuda' is not available on this machine; use cpu (or leave it unset)\n"
+
+    def offline(*a, **k):
+        raise RuntimeError("Could not download or load dataset 'cifar10' into data (no internet?).\n  - details")
+
+    monkeypatch.setattr(ex, "load_dataset", offline)
+    assert main(["run", "quick", "--profile", "gpu", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset 'cifar10'" in err and "use --profile cpu" in err
+    with pytest.raises(RuntimeError, match="cifar10"):
+        main(["--traceback", "run", "quick", "--profile", "gpu", "--no-progress"])

@@ -108,3 +108,11 @@ def test_bad_model_input_raises():
         build_model("unet-s", 1, 32)(torch.randn(1, 1, 18, 18), torch.zeros(1))
     with pytest.raises(ValueError, match="t must have shape"):
         build_model("unet-ci", 1, 16)(torch.randn(2, 1, 16, 16), torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="in_chans must be a positive int.*got 0"):
+        build_model("uvit-ci", 0, 16)
+    with pytest.raises(ValueError, match="img_size must be a positive int.*got -4"):
+        build_model("uvit-ci", 1, -4)
+    with pytest.raises(ValueError, match="img_size must be a positive int.*got 16.0"):
+        build_model("unet-ci", 1, 16.0)
+    with pytest.raises(ValueError, match="img_size 18 must be divisible by 4"):
+        build_model("unet-s", 1, 18)

@@ -8,19 +8,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelong_edu.diffusion import linear_schedule
+from scalelong_edu.diffusion import cosine_schedule, linear_schedule
 from scalelong_edu.models import build_model
-from scalelong_edu.train import Callback, Every, NonFiniteLossError, TrainConfig, Trainer, load_checkpoint, pick_device
+from scalelong_edu.train import (Callback, Every, NonFiniteLossError, TrainConfig, Trainer, load_checkpoint,
+                                 pick_device)
 
 IMAGES = torch.rand(40, 1, 16, 16) * 2 - 1
+PIXELS = torch.linspace(0, 255, 40 * 16 * 16).reshape(40, 1, 16, 16)  # 0..255, as a data loader may give
 
 
-def make_trainer(config=None, method="ls", **kw):
+def make_trainer(config=None, method="ls", preset="uvit-ci", kappa=0.5, images=IMAGES, schedule=None,
+                 spec=None, **kw):
     torch.manual_seed(0)
-    model = build_model("uvit-ci", 1, 16, method)
+    model = build_model(preset, 1, 16, method, kappa)
     config = config or TrainConfig(steps=8, batch_size=8, warmup=3, lr=1e-3, ema_decay=0.9)
-    return Trainer(model, IMAGES, linear_schedule(), config, device="cpu", progress=False,
-                   spec={"test": "resume", "method": method}, **kw)
+    spec = {"test": "resume", "method": method} if spec is None else spec
+    return Trainer(model, images, schedule or linear_schedule(), config, device="cpu", progress=False, spec=spec,
+                   **kw)
 
 
 def params(module):
@@ -100,9 +104,110 @@ def test_nan_loss_stops_the_run_naming_the_step():
                 trainer.model.pos_embed.fill_(float("nan"))
 
     tr = make_trainer(callbacks=[Poison()])
-    with pytest.raises(NonFiniteLossError, match="at step 3; try a lower learning rate"):
+    with pytest.raises(NonFiniteLossError, match="loss became nan at step 3 .*No checkpoint was saved") as err:
         tr.fit()
-    assert tr.step == 2
+    assert tr.step == 2 and err.value.step == 3 and err.value.checkpoint is None
+
+
+def test_a_non_finite_gradient_never_reaches_the_weights():
+    class PoisonGrad(Callback):
+        every = 2
+
+        def on_step_start(self, trainer, step):
+            trainer.model.pos_embed.register_hook(lambda g: torch.full_like(g, float("inf")))
+
+    tr = make_trainer(callbacks=[PoisonGrad()])
+    with pytest.raises(NonFiniteLossError, match="gradient norm became (inf|nan) at step 2"):
+        tr.fit()
+    assert tr.step == 1 and tr._non_finite_state() == []
+
+
+def test_non_finite_state_is_never_saved_and_the_message_names_the_safe_checkpoint(tmp_path):
+    path = tmp_path / "run.pt"
+    tr = make_trainer()
+    tr.fit(until=2, checkpoint=path)
+    good = path.read_bytes()
+    with torch.no_grad():
+        tr.model.pos_embed[0, 0, 0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match=f"model.pos_embed.*The last checkpoint, {path}, holds finite"):
+        tr.save(path)
+    assert path.read_bytes() == good
+
+
+def test_a_diverged_run_resumes_from_its_last_checkpoint_with_safer_settings(tmp_path, capsys):
+    """The issue's case: a run at lr=10 stops; its checkpoint is finite and resumable at a lower lr."""
+    path = tmp_path / "run.pt"
+    tr = make_trainer(TrainConfig(steps=30, batch_size=8, warmup=1, lr=10.0))
+    with pytest.raises(NonFiniteLossError, match="new_settings=True") as err:
+        tr.fit(checkpoint=path, checkpoint_every=1)
+    assert err.value.checkpoint == path and str(path) in str(err.value)
+    state = load_checkpoint(path)
+    assert state["step"] == err.value.step - 1
+    for part in ("model", "ema"):
+        assert all(v.isfinite().all() for v in state[part].values() if v.is_floating_point())
+
+    safer = TrainConfig(steps=state["step"] + 2, batch_size=8, warmup=1, lr=1e-4, grad_clip=1.0)
+    with pytest.raises(ValueError, match=r"(?s)lr: 10.0 \(checkpoint\) vs 0.0001.*pass new_settings=True"):
+        make_trainer(safer).fit(checkpoint=path)
+    resumed = make_trainer(safer)
+    resumed.load(path, new_settings=True)
+    assert "with new settings: steps 30 -> " in capsys.readouterr().err
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [1e-4]
+    assert resumed.resumes == [{"step": state["step"], "changed": {"steps": [30, safer.steps], "lr": [10.0, 1e-4],
+                                                                   "grad_clip": [None, 1.0]}}]
+
+
+def test_resuming_with_new_settings_uses_them_from_the_checkpoint_on(tmp_path):
+    path = tmp_path / "run.pt"
+    make_trainer().fit(until=4, checkpoint=path)
+    config = TrainConfig(steps=8, batch_size=8, warmup=6, lr=5e-4, ema_decay=0.9, grad_clip=0.5)
+    tr = make_trainer(config)
+    tr.fit(checkpoint=path, new_settings=True)
+    assert [h["lr"] for h in tr.history[4:]] == pytest.approx([5e-4 * 5 / 6, 5e-4, 5e-4, 5e-4])
+    assert load_checkpoint(path)["resumes"] == [
+        {"step": 4, "changed": {"lr": [1e-3, 5e-4], "warmup": [3, 6], "grad_clip": [None, 0.5]}}
+    ]
+    other = TrainConfig(steps=8, batch_size=4, warmup=3, lr=1e-3, ema_decay=0.9)  # not an optimisation setting
+    with pytest.raises(ValueError, match="batch_size: 8 \\(checkpoint\\) vs 4"):
+        make_trainer(other).fit(checkpoint=path, new_settings=True)
+
+
+def test_a_checkpoint_knows_its_run_without_a_spec(tmp_path):
+    path = tmp_path / "cs.pt"
+    digits = torch.rand(40, 1, 16, 16) * 2 - 1
+    make_trainer(method="cs", kappa=0.5, spec={}).fit(until=2, checkpoint=path)
+    with pytest.raises(ValueError, match="different run") as err:
+        make_trainer(method="cs", kappa=0.9, images=digits, schedule=cosine_schedule(), spec={}).fit(checkpoint=path)
+    message = str(err.value)
+    assert "skip scaling: \"method='cs', n_skips=2, kappa=0.5\"" in message and "kappa=0.9" in message
+    assert "schedule:" in message and "data:" in message and "architecture" not in message
+    with pytest.raises(ValueError, match="skip scaling") as err:
+        make_trainer(method="none", spec={}).fit(checkpoint=path)
+    with pytest.raises(ValueError, match="architecture: 'UViT, .*UNet") as err:
+        make_trainer(method="cs", preset="unet-ci", spec={}).fit(checkpoint=path)
+    assert "Missing key" not in str(err.value)
+
+
+def test_an_unwritable_checkpoint_fails_before_training(tmp_path):
+    occupied = tmp_path / "file"
+    occupied.write_text("a file where a folder should be")
+    tr = make_trainer()
+    with pytest.raises(PermissionError, match=f"cannot write the checkpoint {occupied / 'run.pt'}"):
+        tr.fit(checkpoint=occupied / "run.pt")
+    assert tr.step == 0
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        tr.fit(checkpoint=tmp_path)
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    path = tmp_path / "run.pt"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".run.pt.{dead.stdout.strip()}.tmp"
+    alive = tmp_path / f".run.pt.{os.getppid()}.tmp"  # a writer still running: left alone
+    stale.write_bytes(b"half")
+    alive.write_bytes(b"busy")
+    make_trainer().save(path)
+    assert path.exists() and not stale.exists() and alive.exists()
 
 
 def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
@@ -134,21 +239,53 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     other = make_trainer(method="none")
     with pytest.raises(ValueError, match="different run"):
         other.load(tmp_path / "ls.pt")
+    old = torch.load(tmp_path / "ls.pt", weights_only=True) | {"format": 1}
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="has format 1.*delete it"):
+        load_checkpoint(tmp_path / "old.pt")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=2.5), "steps must be a whole number.*2.5"),
+    (dict(batch_size=4.0), "batch_size must be a whole number.*4.0"),
+    (dict(steps=0), "steps must be >= 1, got 0"),
+    (dict(warmup=-1), "warmup must be >= 0, got -1"),
+    (dict(lr=-1.0), "lr must be a finite number > 0.*got -1.0"),
+    (dict(lr=float("nan")), "lr must be .*got nan"),
+    (dict(ema_decay=1.5), "ema_decay must be in \\[0, 1\\).*got 1.5"),
+    (dict(grad_clip=0), "grad_clip must be .*got 0"),
+    (dict(betas=(0.9, 1.2)), "betas must be two numbers in \\[0, 1\\).*1.2"),
+])
+def test_bad_config_names_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{"steps": 1, "batch_size": 8, **kwargs})
 
 
 def test_bad_config_raises():
-    with pytest.raises(ValueError):
-        TrainConfig(steps=0, batch_size=8)
-    with pytest.raises(ValueError, match="grad_clip"):
-        TrainConfig(steps=1, batch_size=8, grad_clip=0)
     with pytest.raises(ValueError, match="exceeds"):
         make_trainer(TrainConfig(steps=1, batch_size=64)).fit()
+
+
+@pytest.mark.parametrize("images, message", [
+    (PIXELS, "range over \\[0, 255\\].*x / 127.5 - 1"),
+    (PIXELS.to(torch.uint8), "images are torch.uint8.*floats in \\[-1, 1\\]"),
+    (PIXELS / 255 + 0.5, "range over \\[0.5, 1.5\\]"),
+    (IMAGES[0], "must be \\(N, C, H, W\\)"),
+])
+def test_images_outside_minus_one_one_are_refused(images, message):
+    with pytest.raises(ValueError, match=message):
+        make_trainer(images=images)
 
 
 def test_pick_device(monkeypatch):
     monkeypatch.setenv("SCALELONG_DEVICE", "cpu")
     assert pick_device() == torch.device("cpu")
     assert pick_device("meta") == torch.device("meta")
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        pick_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device 'cuda' is not available on this machine; use cpu"):
+        pick_device("cuda")
 
 
 DDP_WORKER = Path(__file__).with_name("ddp_worker.py")

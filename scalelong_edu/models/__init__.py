@@ -40,11 +40,20 @@ def build_model(
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    for name, value, example in (("in_chans", in_chans, "1 for grey, 3 for colour"), ("img_size", img_size, "16")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int (e.g. {example}), got {value!r}")
     cls, kwargs = PRESETS[preset]
     kwargs = {**kwargs, **overrides, "in_chans": in_chans, "scaling": make_scaling(method, kappa)}
     if cls is UViT:
         kwargs["img_size"] = img_size
-    return cls(**kwargs)
+    model = cls(**kwargs)
+    if cls is UNet and img_size % 2**model.downsamplings:
+        raise ValueError(
+            f"img_size {img_size} must be divisible by {2**model.downsamplings} for the "
+            f"{model.downsamplings} downsamplings of {preset!r}"
+        )
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:
