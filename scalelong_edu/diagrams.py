@@ -7,6 +7,8 @@
 * :func:`skip_summary` -- one row per skip: the shape of ``a_i(x)`` and the width of the gated axis.
 * :func:`parameter_table` -- parameter counts of model presets for each skip-scaling method,
   counted on PyTorch's ``meta`` device so that even the 44M-parameter U-ViT costs no memory.
+* :func:`init_norms` -- output and hidden-feature norms of freshly initialised models against
+  ``sum_i kappa_i^2``, one row per method: the intuition before the paper's Theorem 3.1.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from .models import build_model, count_parameters
-from .scaling import METHODS
-from .theory import check_n_skips
+from .plotting import MAX_FIGURE_WIDTH
+from .probes import FeatureNorms
+from .scaling import METHODS, check_n_skips
 
 KAPPA_COLOR = "#b2182b"  # skip arrows and their kappa labels
 STREAM_COLOR = "#4d4d4d"  # encoder/decoder stream arrows
@@ -76,7 +79,8 @@ def draw_unet(
             i = 1 first; ``None`` writes the symbols ``kappa_1 .. kappa_N``.
         ax: the matplotlib Axes to draw into; a new figure when ``None``.
         stream_factors: optional ``N`` factors (numbers or strings) on the decoder stream arriving
-            at ``b_i`` -- for the block-output scaling of Hanin & Rolnick, ``eta_i``.
+            at ``b_i`` -- for the block-output scaling of Hanin & Rolnick, ``eta`` at every merge
+            (:func:`scalelong_edu.widgets.stream_coefficients`).
         encoder_notes: optional ``N`` short strings written left of ``a_i`` (e.g. feature shapes).
         title: optional axes title.
 
@@ -105,7 +109,7 @@ def draw_unet(
     xb, yb, wb = width / 2, -n * dy - 0.15, 3.3  # the bottleneck's centre and width
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(6.0, 0.75 * width + 3.0), 1.0 + 0.62 * (n + 2)))
+        _, ax = plt.subplots(figsize=(min(MAX_FIGURE_WIDTH, 0.75 * width + 3.0), 1.0 + 0.62 * (n + 2)))
 
     def box(x, y, text, gid, face, w=bw, size=11):
         ax.add_patch(FancyBboxPatch((x - w / 2, y - bh / 2), w, bh, boxstyle="round,pad=0.02,rounding_size=0.12",
@@ -121,7 +125,8 @@ def draw_unet(
         box(x, y, rf"$a_{{{i}}}$", f"a_{i}", "#d1e5f0")
         box(xd[i - 1], y, rf"$b_{{{i}}}$", f"b_{i}", "#fddbc7")
         if notes[i - 1]:
-            ax.text(x - bw / 2 - 0.15, y, str(notes[i - 1]), ha="right", va="center", fontsize=8, color="#555555")
+            ax.text(x - bw / 2 - 0.15, y, str(notes[i - 1]), ha="right", va="center", fontsize="small",
+                    color="#555555")
         # the long skip i: a_i -> b_i, width growing with kappa_i
         k = kappa_values[i - 1]
         lw = 0.7 + 2.3 * min(float(k), 1.0) if isinstance(k, numbers.Real) else 1.8
@@ -222,4 +227,57 @@ def parameter_table(
     return pd.DataFrame(counts, index=pd.Index(list(methods), name="method"))
 
 
-__all__ = ["draw_unet", "skip_features", "skip_summary", "parameter_table"]
+@torch.no_grad()
+def init_norms(preset: str, x_t: Tensor, t: Tensor, methods: Sequence[str] = METHODS, kappa: float = 0.5,
+               seed: int = 0, **overrides) -> pd.DataFrame:
+    """Output and hidden-feature norms of freshly initialised models against ``sum_i kappa_i^2``.
+
+    The intuition before the paper's Theorem 3.1, which bounds ``||h_i||^2`` by
+    ``O(||x_t||^2 sum_{j >= i} kappa_j^2)`` (and Section 4.1 reads the output norm the same way):
+    for each method, ``preset`` is built under ``torch.manual_seed(seed)`` -- the same backbone
+    weights for every method, since a model creates its scaling's parameters last -- and run once
+    on ``(x_t, t)`` in eval mode. Squared norms are batch means divided by the batch mean of
+    ``||x_t||^2``:
+
+    * ``sum_kappa2`` -- ``sum_i kappa_i^2`` of the effective ``kappa_i`` (total factor on skip ``i``'s
+      path); for LS ``sum_i E[kappa_i^2]`` of this batch;
+    * ``output_sq`` -- ``||f_0(x_t)||^2 / ||x_t||^2``, the network output;
+    * ``hidden_sq_i`` -- ``||h_i||^2 / ||x_t||^2`` with ``h_i`` the output of decoder block ``b_i``
+      (recorded by :class:`scalelong_edu.probes.FeatureNorms`), and ``hidden_sq_mean`` their mean.
+
+    Args:
+        preset: a key of :data:`scalelong_edu.models.PRESETS`.
+        x_t: a fixed batch of network inputs (B, C, H, W); C and H set the model's size.
+        t: the model times (B,) that go with it.
+        methods: skip-scaling methods, one row each.
+        kappa: the CS base and the block-output ``eta``.
+        seed: seeds the initialisation.
+        overrides: passed to :func:`scalelong_edu.models.build_model` (e.g. ``depth=20``).
+
+    Returns:
+        One row per method (index ``method``): ``sum_kappa2``, ``output_sq``, ``hidden_sq_mean``,
+        ``hidden_sq_1 .. hidden_sq_N``.
+    """
+    if x_t.dim() != 4:
+        raise ValueError(f"x_t must be a batch of images (B, C, H, W), got shape {tuple(x_t.shape)}")
+    x_sq = x_t.flatten(1).square().sum(1).mean().item()
+    rows = {}
+    for method in methods:
+        torch.manual_seed(seed)
+        model = build_model(preset, x_t.shape[1], x_t.shape[-1], method, kappa, **overrides).eval()
+        with FeatureNorms(model) as probe:
+            out = model(x_t, t)
+        kappas = model.scaling.effective_kappas(skip_features(model, x_t, t), "rms")
+        decoder = sorted((r["skip"], r["value"]) for r in probe.rows
+                         if r["block"] == "b" and r["quantity"] == "sq_norm")
+        hidden = {f"hidden_sq_{i}": value / x_sq for i, value in decoder}
+        rows[method] = {
+            "sum_kappa2": kappas.square().sum().item(),
+            "output_sq": out.flatten(1).square().sum(1).mean().item() / x_sq,
+            "hidden_sq_mean": sum(hidden.values()) / len(hidden),
+            **hidden,
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("method")
+
+
+__all__ = ["draw_unet", "skip_features", "skip_summary", "parameter_table", "init_norms"]

@@ -1,7 +1,9 @@
 """One visual style for every figure of the book, and the figures the chapters share.
 
-* :func:`use_book_style`, :data:`METHOD_COLORS` -- the look every chapter uses;
-* :func:`image_grid`, :func:`show_images` -- a batch of images in [-1, 1] as one tiled picture;
+* :func:`use_book_style`, :data:`METHOD_COLORS`, :func:`legend_below` -- the look every chapter
+  uses: one style, text no smaller than :data:`MIN_FONT_SIZE`, legends that cover no curve;
+* :func:`image_grid`, :func:`show_images` -- a batch of images in [-1, 1] as one tiled picture
+  (``torchvision.utils.make_grid`` underneath);
 * :func:`plot_forward_process` -- images noised to several ``t`` by ``q(x_t | x_0)``;
 * :func:`plot_schedules` -- ``sqrt(abar_t)`` (signal) and ``sqrt(1 - abar_t)`` (noise) over ``t``;
 * :func:`plot_mean_band` -- a mean curve with a quantile band, for per-``t`` statistics;
@@ -17,11 +19,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import matplotlib as mpl
 import matplotlib.ticker as mticker
+import matplotlib.transforms as mtransforms
 import numpy as np
 import seaborn as sns
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from torchvision.utils import make_grid
 
 from .diffusion import DiscreteSchedule, q_sample
 from .train import Callback
@@ -43,41 +48,79 @@ SCHEDULE_COLORS = {"linear": "#1f77b4", "cosine": "#ff7f0e", "vpsde": "#2ca02c"}
 """Colours of the noise schedules in :func:`plot_schedules` (others get seaborn's palette)."""
 
 
+MAX_FIGURE_WIDTH = 7.0
+"""Inches: the widest figure the book draws, about the text column at 100 dpi."""
+
+MIN_FONT_SIZE = 9.0
+"""Points: no text in a book figure is smaller. A 7-inch figure shrinks to about half on a 390 px
+phone, so 9 pt (12.5 px at 100 dpi) is the least that stays readable there; the style's ``small``
+(0.833 x 11 pt) is the smallest relative size the package uses."""
+
+BOOK_RC = {
+    "figure.figsize": (MAX_FIGURE_WIDTH, 3.6), "figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+    "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "xtick.labelsize": 10, "ytick.labelsize": 10,
+    "legend.fontsize": 10, "legend.title_fontsize": 10, "figure.titlesize": 12, "axes.titleweight": "bold",
+    "legend.loc": "best", "legend.frameon": True, "legend.framealpha": 0.85, "legend.edgecolor": "0.8",
+}
+"""The rcParams of :func:`use_book_style`: sizes that stay readable on a phone, and legends with a
+light frame so that one placed over data (``loc="best"``) still lets the curves show through."""
+
+
 def use_book_style() -> None:
-    """Seaborn's ``whitegrid`` with the book's font sizes and a figure size that fits a page."""
-    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.95)
-    mpl.rcParams.update({"figure.figsize": (7.0, 3.6), "figure.dpi": 100, "savefig.dpi": 150,
-                         "axes.titleweight": "bold", "legend.frameon": False})
+    """Seaborn's ``whitegrid`` with the book's font sizes (none below :data:`MIN_FONT_SIZE`), a figure
+    width of at most :data:`MAX_FIGURE_WIDTH` and framed legends: one style for every figure."""
+    sns.set_theme(style="whitegrid", context="notebook", rc=BOOK_RC)
+
+
+def legend_below(ax: Axes, ncol: int = 2, **kwargs: Any) -> Legend:
+    """A legend centred under ``ax``, below its tick labels and axis label, so it covers no curve.
+
+    The offset is computed in points from the current tick and label sizes, so it holds at any
+    figure size; a figure saved with ``bbox_inches="tight"`` (Jupyter's default) keeps it in view.
+    ``kwargs`` go to :meth:`~matplotlib.axes.Axes.legend`.
+    """
+    rc = mpl.rcParams
+    tick = mpl.font_manager.FontProperties(size=rc["xtick.labelsize"]).get_size_in_points()
+    label = mpl.font_manager.FontProperties(size=rc["axes.labelsize"]).get_size_in_points()
+    drop = rc["xtick.major.size"] + rc["xtick.major.pad"] + 1.2 * tick + rc["axes.labelpad"] + 1.2 * label + 4
+    below = ax.transAxes + mtransforms.ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
+    kwargs = {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": below, "ncol": ncol,
+              "frameon": False, **kwargs}
+    return ax.legend(**kwargs)
 
 
 # -- image grids ---------------------------------------------------------------------------------
-def _as_image_batch(images: Any) -> np.ndarray:
-    """``images`` as a float64 array (B, C, H, W) with C in {1, 3}; clear errors otherwise."""
+def _as_image_batch(images: Any) -> torch.Tensor:
+    """``images`` as a float64 CPU tensor (B, C, H, W) with C in {1, 3}; clear errors otherwise."""
     if isinstance(images, torch.Tensor):
-        images = images.detach().to("cpu", torch.float64).numpy()
-    array = np.asarray(images, dtype=np.float64)
-    if array.ndim == 3:  # (B, H, W): grey images without a channel axis
-        array = array[:, None]
-    if array.ndim != 4:
+        batch = images.detach().to("cpu", torch.float64)
+    else:
+        batch = torch.as_tensor(np.asarray(images, dtype=np.float64))
+    if batch.dim() == 3:  # (B, H, W): grey images without a channel axis
+        batch = batch[:, None]
+    if batch.dim() != 4:
         raise ValueError(
-            f"images must be a batch (B, C, H, W) or (B, H, W), got shape {array.shape}; "
+            f"images must be a batch (B, C, H, W) or (B, H, W), got shape {tuple(batch.shape)}; "
             "for a single image use images[None]"
         )
-    if array.shape[0] == 0:
+    if batch.shape[0] == 0:
         raise ValueError("images is an empty batch; pass at least one image")
-    if array.shape[1] not in (1, 3):
-        raise ValueError(f"images must have 1 (grey) or 3 (RGB) channels, got {array.shape[1]} in shape {array.shape}")
-    if not np.isfinite(array).all():
+    if batch.shape[1] not in (1, 3):
+        raise ValueError(
+            f"images must have 1 (grey) or 3 (RGB) channels, got {batch.shape[1]} in shape {tuple(batch.shape)}"
+        )
+    if not torch.isfinite(batch).all():
         raise ValueError("images contain NaN or infinite values; did training diverge? Check the loss first")
-    return array
+    return batch
 
 
 def image_grid(images: Any, nrow: int | None = None, padding: int = 1, pad_value: float = 1.0) -> np.ndarray:
     """Tile a batch of images in [-1, 1] into one picture with values in [0, 1].
 
-    Pixel value ``v`` maps to ``(v + 1) / 2``; values outside [-1, 1] (e.g. noisy ``x_t``) are
-    clipped. Images fill the grid row by row, ``nrow`` to a row (torchvision's convention); empty
-    cells of the last row and the ``padding`` pixels between and around images get ``pad_value``.
+    A thin layer over ``torchvision.utils.make_grid``: pixel value ``v`` maps to ``(v + 1) / 2``;
+    values outside [-1, 1] (e.g. noisy ``x_t``) are clipped. Images fill the grid row by row,
+    ``nrow`` to a row; empty cells of the last row and the ``padding`` pixels between and around
+    images get ``pad_value``. A batch of one image comes back without padding (torchvision's rule).
 
     Args:
         images: a tensor or array (B, C, H, W) with C = 1 or 3, or (B, H, W) for grey images.
@@ -90,25 +133,17 @@ def image_grid(images: Any, nrow: int | None = None, padding: int = 1, pad_value
         axis of 3 for colour images.
     """
     batch = _as_image_batch(images)
-    B, C, H, W = batch.shape
     if nrow is None:
-        nrow = math.ceil(math.sqrt(B))
+        nrow = math.ceil(math.sqrt(batch.shape[0]))
     if isinstance(nrow, bool) or not isinstance(nrow, (int, np.integer)) or nrow < 1:
         raise ValueError(f"nrow must be a positive int (images per row), got {nrow!r}")
     if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
         raise ValueError(f"padding must be an int >= 0, got {padding!r}")
     if not 0.0 <= pad_value <= 1.0:
         raise ValueError(f"pad_value must lie in [0, 1], got {pad_value}")
-    ncol = min(nrow, B)
-    rows = math.ceil(B / ncol)
-    p = padding
-    grid = np.full((C, rows * (H + p) + p, ncol * (W + p) + p), pad_value, dtype=np.float64)
-    tiles = np.clip((batch + 1.0) / 2.0, 0.0, 1.0)
-    for k in range(B):
-        r, c = divmod(k, ncol)
-        top, left = p + r * (H + p), p + c * (W + p)
-        grid[:, top : top + H, left : left + W] = tiles[k]
-    return grid[0] if C == 1 else grid.transpose(1, 2, 0)
+    grid = make_grid(batch, nrow=int(nrow), padding=int(padding), normalize=True, value_range=(-1.0, 1.0),
+                     pad_value=pad_value).numpy()
+    return grid[0] if batch.shape[1] == 1 else grid.transpose(1, 2, 0)
 
 
 def show_images(
@@ -187,14 +222,15 @@ def plot_forward_process(
     if noise.shape != images.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} differs from images shape {tuple(images.shape)}")
     B = images.shape[0]
-    fig, axes = plt.subplots(B, len(ts), figsize=(1.25 * len(ts), 1.25 * B + 0.4), squeeze=False)
+    side = min(1.25, MAX_FIGURE_WIDTH / len(ts))  # inches per image, the figure no wider than the page
+    fig, axes = plt.subplots(B, len(ts), figsize=(side * len(ts), side * B + 0.5), squeeze=False)
     for j, t in enumerate(ts):
         x_t = q_sample(images, torch.full((B,), t), schedule, noise=noise.float())
         for i in range(B):
             show_images(x_t[i : i + 1], ax=axes[i, j], padding=0)
         abar = float(schedule.alpha_bars[t])
-        axes[0, j].set_title(f"t = {t}\n" + r"$\sqrt{\bar\alpha_t}$" + f" = {math.sqrt(abar):.2f}", fontsize=9,
-                             fontweight="normal")
+        axes[0, j].set_title(f"t = {t}\n" + r"$\sqrt{\bar\alpha_t}$" + f" = {math.sqrt(abar):.2f}",
+                             fontsize="small", fontweight="normal")
     fig.tight_layout()
     return fig
 
@@ -228,7 +264,7 @@ def plot_schedules(schedules: Mapping[str, DiscreteSchedule], ax: Axes | None = 
     ax.set_xlabel("time step $t$")
     ax.set_ylabel("coefficient")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="center right", fontsize=8)
+    legend_below(ax, ncol=2)
     return ax
 
 
@@ -398,7 +434,7 @@ class LiveLossPlot(Callback):
             ax.set_ylabel(r"loss $\|\epsilon - \epsilon_\theta\|^2 / m$")
             if self.log_y:
                 log_axis(ax)
-            ax.legend(loc="upper right")
+            ax.legend(loc="best")
         ax = self.figure.axes[0]
         self._raw_line.set_data(self.steps, self.losses)
         self._run_line.set_data(self.steps, self.running)
@@ -411,9 +447,9 @@ class LiveLossPlot(Callback):
             else:
                 ax.set_ylim(0, hi * 1.05)
             ax.set_title(f"{self.title}: step {self.steps[-1]:,} of {right:,}, running mean {self.running[-1]:.4f}",
-                         fontsize=10)
+                         fontsize="medium")
         else:
-            ax.set_title(self.title, fontsize=10)
+            ax.set_title(self.title, fontsize="medium")
         self.n_draws += 1
         self._drawn_step = self.steps[-1] if self.steps else None
         if self.display:

@@ -14,26 +14,35 @@ A :class:`SkipScaling` object is handed to a model, which calls :meth:`SkipScali
 the width of every skip (channels for the conv UNet, tokens for the U-ViT) and then, at merge
 ``i``, ``h, skip = scaling(h, skip, i)``. The methods:
 
-============== =============================================== ========================
-name           kappa_i                                         official ``scalelong``
-============== =============================================== ========================
-``none``       1                                               0
-``sqrt2-cs``   1 / sqrt(2) for every skip                      1
-``cs``         ``kappa ** (i - 1)`` (the paper's Eq. 8)        2
-``ls``         a learned gate, one network for all skips       3
-``ls-per-skip`` a learned gate, one network per skip           4
-``block-output`` 1; the decoder stream is scaled instead        --
-============== =============================================== ========================
+================ ================================================ =====================
+name             kappa_i                                          official ``scalelong``
+================ ================================================ =====================
+``none``         1                                                0
+``sqrt2-cs``     1 / sqrt(2) for every skip                       1
+``cs``           ``kappa ** (i - 1)`` (the paper's Eq. 8)         2
+``ls``           a learned gate, one network for all skips        3
+``ls-per-skip``  a learned gate, one network per skip             4
+``block-output`` 1; the decoder stream is scaled by ``eta``       --
+================ ================================================ =====================
 
-``block-output`` is the residual scaling of Hanin & Rolnick (2018), which the NeurIPS reviewer
-asks to compare with: the skip is left alone and the stream arriving from the deeper network,
-``f_i(a_i(x))``, is multiplied by ``eta_i = eta ** i``.
+``block-output`` is the block-output scaling of Hanin & Rolnick (2018), which the NeurIPS
+reviewer asks to compare with: the skip is left alone and the stream arriving from the deeper
+network, ``f_i(a_i(x))``, is multiplied by one constant ``eta`` at every merge
+(:class:`BlockOutputScaling` says why constant).
+
+**Paths.** Read Eq. (3) with linear blocks and the output ``f_0`` is a sum of ``N + 1`` paths: one
+through each skip ``k`` (down ``a_1 .. a_k``, across, up ``b_k .. b_1``) and one through the
+bottleneck. A path through skip ``k`` picks up ``kappa_k`` at merge ``k`` and the stream factor of
+every merge ``k-1 .. 1`` it then rides through; the bottleneck path picks up the stream factors of
+all ``N`` merges. :meth:`SkipScaling.effective_kappas` and :func:`path_factors` return these
+totals; for every method but ``block-output`` they are just the ``kappa_i``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import numbers
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,19 +60,34 @@ def check_kappa(kappa: float, name: str = "kappa") -> float:
     return value
 
 
+def check_n_skips(n_skips: int) -> int:
+    """``n_skips`` as an int, or a ValueError saying what N must be."""
+    if isinstance(n_skips, bool) or not isinstance(n_skips, numbers.Integral):
+        raise ValueError(f"n_skips must be a whole number >= 1 (the number of long skips N), got {n_skips!r}")
+    if n_skips < 1:
+        raise ValueError(f"n_skips must be >= 1: a UNet needs at least one long skip, got {n_skips}")
+    return int(n_skips)
+
+
 def cs_coefficients(kappa: float, n_skips: int) -> list[float]:
     """The paper's Eq. (8): ``kappa_i = kappa ** (i - 1)`` for i = 1 (outermost) .. N."""
-    kappa = check_kappa(kappa)
-    if n_skips < 1:
-        raise ValueError(f"n_skips must be >= 1, got {n_skips}")
-    return [kappa**i for i in range(n_skips)]
+    kappa, n = check_kappa(kappa), check_n_skips(n_skips)
+    return [kappa**i for i in range(n)]
+
+
+Statistic = Literal["mean", "rms"]
+
+
+def _scaled(x: Tensor, factor: Tensor | float) -> Tensor:
+    """``factor * x``, returning ``x`` itself for the plain float 1 (no copy, bit-for-bit unscaled)."""
+    return x if isinstance(factor, float) and factor == 1.0 else x * factor
 
 
 class SkipScaling(nn.Module):
     """No scaling (``kappa_i = 1``) and the interface every method shares.
 
-    Subclasses override :meth:`kappa` (the coefficient applied to skip ``i``) or, for methods
-    that act elsewhere, :meth:`forward`.
+    Subclasses override :meth:`kappa` (the coefficient applied to skip ``i``) and/or
+    :meth:`stream_factor` (the one applied to the decoder stream at merge ``i``).
     """
 
     method = "none"
@@ -94,8 +118,17 @@ class SkipScaling(nn.Module):
         """The coefficient of skip ``i``: a float, or a tensor broadcastable to ``skip``."""
         return 1.0
 
+    def stream_factor(self, i: int) -> float:
+        """The factor on the decoder stream ``f_i(a_i(x))`` entering merge ``i``: 1 unless overridden."""
+        return 1.0
+
+    def outward_factor(self, i: int) -> float:
+        """``prod_{j=1..i} stream_factor(j)``: the total factor on what enters the stream at merge ``i``
+        (the output of ``b_{i+1}``; ``i = N``: the bottleneck) on its way to the output; 1 for ``i = 0``."""
+        return math.prod(self.stream_factor(j) for j in range(1, i + 1))
+
     def forward(self, h: Tensor, skip: Tensor, i: int) -> tuple[Tensor, Tensor]:
-        """Scale the inputs of decoder block ``b_i``: returns ``(h, kappa_i * skip)``.
+        """Scale the inputs of decoder block ``b_i``: returns ``(stream_factor(i) * h, kappa_i * skip)``.
 
         Args:
             h: the decoder stream ``f_i(a_i(x))`` arriving at merge ``i``.
@@ -103,24 +136,41 @@ class SkipScaling(nn.Module):
                 (channels of a conv feature map, tokens of a U-ViT sequence).
         """
         self._check_index(i)
-        k = self.kappa(skip, i)
-        return h, (skip if isinstance(k, float) and k == 1.0 else skip * k)
+        return _scaled(h, self.stream_factor(i)), _scaled(skip, self.kappa(skip, i))
 
     @torch.no_grad()
-    def effective_kappas(self, skips: Sequence[Tensor]) -> Tensor:
-        """The mean coefficient of every skip for this batch, (N,) float32, i = 1 first.
+    def effective_kappas(self, skips: Sequence[Tensor], statistic: Statistic = "mean") -> Tensor:
+        """The effective ``kappa_i`` of every skip for this batch, (N,) float64, i = 1 first.
+
+        The effective ``kappa_i`` is the total factor on the path through skip ``i`` (see the module
+        docstring): ``kappa_i * outward_factor(i - 1)``. It is ``kappa_i`` for the skip-scaling
+        methods and ``eta ** (i - 1)`` for ``block-output``. LS gates vary over samples and
+        channels/tokens, so a statistic summarises them:
+
+        * ``"mean"`` -- the mean gate;
+        * ``"rms"`` -- ``sqrt(E[kappa_i^2])`` over samples and channels/tokens, whose squares sum to
+          ``sum_i E[kappa_i^2]``: the paper's ``sum_i kappa_i^2`` (Theorem 3.1) for gated skips, since
+          a gate multiplies each channel/token's share of ``||a_i(x)||^2`` by its square (the plain
+          average is exact when the channels/tokens carry equal shares). Squaring the mean gate
+          instead misses the gates' variance: ``E[k^2] = E[k]^2 + Var[k]``.
+
+        For constant methods both statistics are the coefficient itself.
 
         Args:
             skips: the encoder features ``a_1(x) .. a_N(x)`` of one batch.
+            statistic: ``"mean"`` or ``"rms"``.
         """
+        if statistic not in ("mean", "rms"):
+            raise ValueError(f"statistic must be 'mean' or 'rms', got {statistic!r}")
         if len(skips) != self.n_skips:
             raise ValueError(f"expected {self.n_skips} skip features, got {len(skips)}")
         values = []
         for i, skip in enumerate(skips, start=1):
             self._check_index(i)
-            k = self.kappa(skip, i)
-            values.append(k.float().mean().item() if isinstance(k, Tensor) else float(k))
-        return torch.tensor(values, dtype=torch.float32)
+            k = torch.as_tensor(self.kappa(skip, i), dtype=torch.float64)
+            value = k.mean() if statistic == "mean" else k.square().mean().sqrt()
+            values.append(value.item() * self.outward_factor(i - 1))
+        return torch.tensor(values, dtype=torch.float64)
 
     def extra_repr(self) -> str:
         return f"method={self.method!r}, n_skips={self.n_skips}"
@@ -158,8 +208,10 @@ class Calibration(nn.Module):
     Args:
         width: size G of the gated axis.
         reduction: hidden size is ``G // reduction`` (the paper uses 16), but at least
-            :attr:`MIN_HIDDEN`: on the narrow skips of small models (16 channels, 17 tokens) a
-            single hidden ReLU can die, which would freeze every gate at a constant.
+            :attr:`MIN_HIDDEN`: on narrow skips a single hidden ReLU can die, which would freeze
+            every gate at a constant. The book's ``ci`` and ``cpu`` presets have narrow skips (conv
+            UNets 16 or 32 channels, U-ViTs 17 tokens), so both backbones use the minimum of 4
+            there; ``unet-m`` gets 6 and ``uvit-m`` at 32 px 16.
     """
 
     MIN_HIDDEN = 4
@@ -221,7 +273,25 @@ class LearnableScaling(SkipScaling):
 
 
 class BlockOutputScaling(SkipScaling):
-    """Hanin & Rolnick (2018): scale the deeper branch by ``eta_i = eta ** i``, not the skip."""
+    """Block-output scaling after Hanin & Rolnick (2018): the deeper branch is scaled, not the skip.
+
+    In a ResNet ``x_{l+1} = x_l + eta_l F_l(x_l)`` the residual modules sit in series, so ``eta_l`` is
+    the total factor on module ``l``'s contribution, and Hanin & Rolnick choose them (e.g.
+    geometric, ``b ** l``) so that the sum of the branch scales stays bounded. In a UNet (Eq. 3) the
+    "residual branch" at merge ``i`` is the whole deeper network ``f_i``, which contains every
+    branch below it: the modules are *nested*, so factors multiply along a path. The analogue of
+    the per-module factor is therefore one constant ``eta`` at every merge,
+
+        f_{i-1}(x) = b_i( a_i(x) + eta * f_i(a_i(x)) ),
+
+    and the total factor of a path comes from the nesting: the path through skip ``k`` rides the
+    stream through merges ``k-1 .. 1`` and carries ``eta ** (k - 1)`` -- the profile CS gives
+    ``kappa_k`` when ``eta = kappa`` -- and the bottleneck path carries ``eta ** N`` (1 under CS). What
+    differs from CS is where the factor acts: besides the skips it damps everything the decoder
+    blocks add, ``b_j``'s contribution by ``eta ** (j - 1)``, and the bottleneck. (A factor
+    ``eta ** i`` at merge ``i``, a per-module reading of ``b ** l``, would compound to
+    ``eta ** (k (k - 1) / 2)`` on skip ``k`` and ``eta ** (N (N + 1) / 2)`` on the bottleneck.)
+    """
 
     method = "block-output"
 
@@ -229,13 +299,10 @@ class BlockOutputScaling(SkipScaling):
         super().__init__()
         self.eta = check_kappa(eta, "eta")
 
-    def stream_coefficient(self, i: int) -> float:
-        """``eta_i``, the factor on the decoder stream ``f_i(a_i(x))`` at merge ``i``."""
+    def stream_factor(self, i: int) -> float:
+        """``eta``, the factor on the decoder stream ``f_i(a_i(x))`` at every merge ``i``."""
         self._check_index(i)
-        return self.eta**i
-
-    def forward(self, h: Tensor, skip: Tensor, i: int) -> tuple[Tensor, Tensor]:
-        return h * self.stream_coefficient(i), skip
+        return self.eta
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", eta={self.eta:g}"
@@ -266,3 +333,43 @@ def make_scaling(method: str, kappa: float = 0.5, **kwargs) -> SkipScaling:
     if method == "block-output":
         return BlockOutputScaling(kappa)
     raise ValueError(f"unknown skip-scaling method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def constant_scaling(method: str, kappa: float = 0.5, n_skips: int = 6) -> SkipScaling:
+    """A constant method's scaling object, bound to ``N`` skips (of width 1: constants ignore it).
+
+    Raises:
+        ValueError: for ``ls`` and ``ls-per-skip``, whose coefficients depend on the data.
+    """
+    n = check_n_skips(n_skips)
+    check_kappa(kappa)
+    if method in ("ls", "ls-per-skip"):
+        raise ValueError(
+            f"method {method!r} learns kappa_i (a gate per sample and channel/token); there is no fixed value. "
+            "Measure it on a model and a batch with scalelong_edu.widgets.measured_kappas(model, x, t)"
+        )
+    scaling = make_scaling(method, kappa)
+    scaling.bind([1] * n)
+    return scaling
+
+
+def path_factors(method: str, kappa: float = 0.5, n_skips: int = 6) -> list[float]:
+    """The total factor on every path of Eq. (3): skips 1 .. N (outermost first), then the bottleneck.
+
+    The path through skip ``k`` carries ``kappa_k`` times the stream factors of merges ``k-1 .. 1``;
+    the bottleneck path carries the stream factors of all ``N`` merges (module docstring). So
+    ``none``: all 1; ``sqrt2-cs``: ``1/sqrt(2)`` on every skip, 1 on the bottleneck; ``cs``:
+    ``kappa ** (k - 1)``, 1; ``block-output``: ``eta ** (k - 1)``, ``eta ** N``. For LS the factors are
+    the learned gates, which depend on the data: it raises, pointing to ``measured_kappas``.
+
+    Args:
+        method: a constant method of :data:`METHODS`.
+        kappa: the CS base (``cs``) or ``eta`` (``block-output``); > 0 for every method.
+        n_skips: ``N`` >= 1.
+
+    Returns:
+        ``N + 1`` floats.
+    """
+    scaling = constant_scaling(method, kappa, n_skips)
+    unit = [torch.ones(1, 1)] * scaling.n_skips
+    return scaling.effective_kappas(unit).tolist() + [scaling.outward_factor(scaling.n_skips)]

@@ -8,12 +8,11 @@ base ``kappa`` that keeps it inside the band the paper's Section 4.1 derives.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Sequence
 
 from torch import Tensor
 
-from .scaling import check_kappa
+from .scaling import check_kappa, check_n_skips
 
 SUM_KAPPA2_BAND = (1.22, 5.0)
 """The band for ``sum_i kappa_i^2`` derived in the paper's Section 4.1: from the mean of
@@ -22,17 +21,18 @@ SUM_KAPPA2_BAND = (1.22, 5.0)
 PAPER_KAPPA_RANGE = (0.5, 0.95)
 """The range of the CS base ``kappa`` the paper estimates from that band."""
 
-def check_n_skips(n_skips: int) -> int:
-    """``n_skips`` as an int, or a ValueError saying what N must be."""
-    if isinstance(n_skips, bool) or not isinstance(n_skips, numbers.Integral):
-        raise ValueError(f"n_skips must be a whole number >= 1 (the number of long skips N), got {n_skips!r}")
-    if n_skips < 1:
-        raise ValueError(f"n_skips must be >= 1: a UNet needs at least one long skip, got {n_skips}")
-    return int(n_skips)
+__all__ = ["SUM_KAPPA2_BAND", "PAPER_KAPPA_RANGE", "check_n_skips", "check_band", "sum_kappa_squared",
+           "cs_sum_kappa_squared", "cs_kappa_range"]
 
 
 def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
-    """``sum_i kappa_i^2``, the factor the paper's Theorems 3.1 and 3.3 put on ``||x_t||^2``."""
+    """``sum_i kappa_i^2``, the factor the paper's Theorems 3.1 and 3.3 put on ``||x_t||^2``.
+
+    Pass the effective ``kappa_i``, the total factor on the path through skip ``i``
+    (:func:`scalelong_edu.scaling.path_factors`): for ``block-output`` that is ``eta ** (i - 1)``,
+    not the 1 on the skip itself. For LS pass the RMS gates
+    (``measured_kappas(model, x, t, statistic="rms")``), so the sum is ``sum_i E[kappa_i^2]``.
+    """
     if isinstance(kappas, (str, bytes)):
         raise ValueError(f"kappas must be a sequence of numbers, got {kappas!r}")
     try:

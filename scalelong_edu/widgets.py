@@ -1,10 +1,10 @@
 """The kappa widgets of the book and their static figures (the theory they show: :mod:`.theory`).
 
-* :func:`kappa_coefficients`, :func:`stream_coefficients`, :func:`kappa_table` -- the
-  coefficients each constant method puts on the long skips (and, for the block-output scaling of
-  Hanin & Rolnick, on the decoder stream), read from :mod:`scalelong_edu.scaling`, the one place
-  that defines them.
-* :func:`measured_kappas` -- the mean ``kappa_i`` a model applies to a batch (LS gates included).
+* :func:`kappa_coefficients`, :func:`stream_coefficients` -- the coefficients each constant method
+  puts on the long skips and on the decoder stream (only the block-output scaling of Hanin &
+  Rolnick scales the stream), read from :mod:`scalelong_edu.scaling`, the one place that defines
+  them; :func:`kappa_table` -- the resulting total factor on every path and ``sum_i kappa_i^2``.
+* :func:`measured_kappas` -- the effective ``kappa_i`` a model applies to a batch (LS gates included).
 * :func:`plot_kappas`, :func:`plot_cs_band` -- the static figures.
 * :func:`kappa_explorer` -- the ipywidgets control (method, kappa, N) that redraws
   :func:`plot_kappas`; :meth:`KappaExplorer.show` displays the static figure first and the live
@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from .diagrams import skip_features
-from .plotting import METHOD_COLORS
-from .scaling import METHODS, BlockOutputScaling, check_kappa, make_scaling
+from .plotting import METHOD_COLORS, legend_below
+from .scaling import METHODS, Statistic, check_kappa, constant_scaling, path_factors
 from .theory import (
     PAPER_KAPPA_RANGE,
     SUM_KAPPA2_BAND,
@@ -62,73 +62,70 @@ def _check_method(method: str) -> str:
     return method
 
 
-def _bound_scaling(method: str, kappa: float, n_skips: int):
-    n = check_n_skips(n_skips)
-    kappa = check_kappa(kappa)
-    if _check_method(method) in LEARNED_METHODS:
-        raise ValueError(
-            f"method {method!r} learns kappa_i (a gate per sample and channel/token); there is no fixed value. "
-            "Measure it on a model and a batch with measured_kappas(model, x, t)"
-        )
-    scaling = make_scaling(method, kappa)
-    scaling.bind([1] * n)
-    return scaling, n
-
-
 def kappa_coefficients(method: str, kappa: float = 0.5, n_skips: int = 6) -> list[float]:
-    """The coefficients ``kappa_1 .. kappa_N`` that a constant method puts on the long skips.
+    """The coefficients ``kappa_1 .. kappa_N`` that a constant method puts on the long skips themselves.
 
     ``none``: all 1; ``sqrt2-cs``: all ``1/sqrt(2)``; ``cs``: ``kappa ** (i - 1)`` (Eq. 8);
     ``block-output``: all 1, because that method scales the decoder stream instead (see
-    :func:`stream_coefficients`). ``ls`` and ``ls-per-skip`` raise: their coefficients are learned.
+    :func:`stream_coefficients`; the total factor on each path is
+    :func:`scalelong_edu.scaling.path_factors`). ``ls`` and ``ls-per-skip`` raise: their
+    coefficients are learned.
 
     Args:
         method: a name from :data:`scalelong_edu.scaling.METHODS`.
         kappa: the CS base (``cs``) or ``eta`` (``block-output``); must be > 0 for every method.
         n_skips: ``N`` >= 1.
     """
-    scaling, n = _bound_scaling(method, kappa, n_skips)
+    scaling = constant_scaling(_check_method(method), kappa, n_skips)
     probe = torch.zeros(1, 1)
-    return [float(scaling.kappa(probe, i)) for i in range(1, n + 1)]
+    return [float(scaling.kappa(probe, i)) for i in range(1, scaling.n_skips + 1)]
 
 
 def stream_coefficients(method: str, kappa: float = 0.5, n_skips: int = 6) -> list[float]:
-    """The factors on the decoder stream arriving at ``b_1 .. b_N``: ``eta ** i`` for
+    """The factor on the decoder stream entering ``b_1 .. b_N``: ``eta`` at every merge for
     ``block-output`` (Hanin & Rolnick), 1 for every other constant method."""
-    scaling, n = _bound_scaling(method, kappa, n_skips)
-    if isinstance(scaling, BlockOutputScaling):
-        return [float(scaling.stream_coefficient(i)) for i in range(1, n + 1)]
-    return [1.0] * n
+    scaling = constant_scaling(_check_method(method), kappa, n_skips)
+    return [scaling.stream_factor(i) for i in range(1, scaling.n_skips + 1)]
 
 
 def kappa_table(n_skips: int = 6, kappa: float = 0.5,
                 methods: Sequence[str | tuple[str, float]] = CONSTANT_METHODS) -> pd.DataFrame:
-    """One row per constant method: ``kappa_1 .. kappa_N`` and ``sum_i kappa_i^2``.
+    """One row per constant method: the total factor on every path of Eq. (3) and ``sum_i kappa_i^2``.
+
+    Columns ``κ_1 .. κ_N`` are the effective ``kappa_i``, the total factor on the path through skip
+    ``i`` (:func:`scalelong_edu.scaling.path_factors`): the coefficient on the skip itself for the
+    skip-scaling methods, and ``eta ** (i - 1)`` for ``block-output``, whose skips are unscaled but
+    whose paths ride the stream through ``i - 1`` merges scaled by ``eta``. Column ``bottleneck`` is
+    the factor on the path through the bottleneck: 1 except for ``block-output`` (``eta ** N``).
+    ``Σκ_i²`` sums the squared skip-path factors, the paper's ``sum_i kappa_i^2`` (Theorem 3.1);
+    for ``block-output`` it is that sum read over paths, which is what ``kappa_i`` stands for when
+    the merges are linear, and it equals CS's at ``eta = kappa``. Like the paper's sum it leaves
+    the bottleneck out (the paper's methods all leave it at 1).
 
     ``methods`` entries are names, or ``(name, kappa)`` pairs to show one method at several bases.
-    ``block-output`` gets a second row with its stream factors ``eta_i`` (no sum there).
     """
     n = check_n_skips(n_skips)
     rows: dict[str, list[float]] = {}
     for entry in methods:
         method, k = (entry, kappa) if isinstance(entry, str) else entry
-        values = kappa_coefficients(method, k, n)
+        factors = path_factors(_check_method(method), k, n)
         label = {"cs": f"cs, κ={k:g}", "block-output": f"block-output, η={k:g}"}.get(method, method)
-        rows[label] = values + [sum_kappa_squared(values)]
-        if method == "block-output":
-            rows[f"  η_i on the stream (η={k:g})"] = stream_coefficients(method, k, n) + [math.nan]
-    columns = [f"κ_{i}" for i in range(1, n + 1)] + ["Σκ_i²"]
+        rows[label] = factors + [sum_kappa_squared(factors[:n])]
+    columns = [f"κ_{i}" for i in range(1, n + 1)] + ["bottleneck", "Σκ_i²"]
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
 
 
-def measured_kappas(model: nn.Module, x: Tensor, t: Tensor, **kwargs) -> list[float]:
-    """The mean ``kappa_i`` of every long skip for one batch, i = 1 first.
+def measured_kappas(model: nn.Module, x: Tensor, t: Tensor, statistic: Statistic = "mean",
+                    **kwargs) -> list[float]:
+    """The effective ``kappa_i`` of every long skip for one batch, i = 1 first.
 
-    Runs ``model(x, t)`` once, collects ``a_1(x) .. a_N(x)`` with forward hooks and asks
-    ``model.scaling.effective_kappas``: the fixed value for constant methods, the batch-mean gate
-    for LS.
+    Runs ``model(x, t, **kwargs)`` once, collects ``a_1(x) .. a_N(x)`` with forward hooks and asks
+    ``model.scaling.effective_kappas``: the total factor on each skip's path, which for LS is the
+    gate averaged over samples and channels/tokens. With ``statistic="rms"`` LS gives
+    ``sqrt(E[kappa_i^2])``, whose squares sum to the LS value of ``sum_i kappa_i^2``; constant methods
+    give the same numbers either way.
     """
-    return model.scaling.effective_kappas(skip_features(model, x, t, **kwargs)).tolist()
+    return model.scaling.effective_kappas(skip_features(model, x, t, **kwargs), statistic).tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,20 +138,35 @@ def _method_title(method: str, kappa: float) -> str:
         "none": r"none: $\kappa_i = 1$",
         "sqrt2-cs": r"1/√2-CS: $\kappa_i = 2^{-1/2}$",
         "cs": rf"CS, $\kappa = {kappa:g}$: $\kappa_i = \kappa^{{i-1}}$",
-        "block-output": rf"block-output, $\eta = {kappa:g}$: skips unscaled, stream $\times\,\eta^i$",
+        "block-output": rf"block-output, $\eta = {kappa:g}$: stream $\times\,\eta$ at every merge",
         "ls": r"LS (shared): $\kappa_i$ is learned",
         "ls-per-skip": r"LS (per skip): $\kappa_i$ is learned",
     }[method]
 
 
+def _profile(method: str, kappa: float, n: int, learned: Sequence[float] | None) -> list[float] | None:
+    """The bars of :func:`plot_kappas`: the skip-path factors of a constant method, the validated
+    ``learned`` values of LS, or None for LS without them."""
+    if method not in LEARNED_METHODS:
+        return path_factors(method, kappa, n)[:n]
+    if learned is None:
+        return None
+    values = [float(v) for v in learned]
+    if len(values) != n or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"learned must hold {n} finite values (one per skip, i = 1 first), got {values}")
+    return values
+
+
 def plot_kappas(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, *,
                 learned: Sequence[float] | None = None, band: tuple[float, float] = SUM_KAPPA2_BAND):
-    """Bars of ``kappa_i`` for skips i = 1 .. N and a gauge of ``sum_i kappa_i^2`` against ``band``.
+    """Bars of the effective ``kappa_i`` for skips i = 1 .. N and a gauge of ``sum_i kappa_i^2`` against ``band``.
 
-    For ``block-output`` the skips keep ``kappa_i = 1`` and a dashed line shows the stream factors
-    ``eta_i = eta ** i``. For LS the coefficients are learned: pass ``learned`` (e.g. the
-    :func:`measured_kappas` of an untrained model) to draw them hatched, otherwise the figure says
-    that they are learned and draws no bars.
+    The bars are the total factor on each skip's path (:func:`kappa_table`'s columns). For
+    ``block-output`` the skips themselves are unscaled and the bars come from the factor ``eta`` on
+    the stream at every merge; the legend adds the bottleneck path's ``eta ** N``.
+    For LS the coefficients are learned: pass ``learned``, the RMS gates ``sqrt(E[kappa_i^2])`` (e.g.
+    ``measured_kappas(model, x, t, statistic="rms")`` of an untrained model), to draw them hatched;
+    otherwise the figure says that they are learned and draws no bars.
 
     Returns:
         The Axes; the bars are ``ax.containers[0]`` and the gauge's title (gid ``"sum_kappa2"``)
@@ -163,41 +175,36 @@ def plot_kappas(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, *,
     _check_method(method)
     kappa, n = check_kappa(kappa), check_n_skips(n_skips)
     lo, hi = check_band(band)
+    values = _profile(method, kappa, n, learned)
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.6, 3.6))
     idx = np.arange(1, n + 1)
     color = METHOD_COLORS.get(method, "#333333")
-    values = None
-    if method in LEARNED_METHODS:
-        if learned is not None:
-            values = [float(v) for v in learned]
-            if len(values) != n or not all(math.isfinite(v) for v in values):
-                raise ValueError(f"learned must hold {n} finite values (one per skip, i = 1 first), got {values}")
-            bars = ax.bar(idx, values, color=color, hatch="//", edgecolor="white",
-                          label=r"$\bar\kappa_i$: mean gate, untrained")
-        else:
-            ax.text(0.5, 0.42, "$\\kappa_i$ is learned by the calibration network,\nper sample and per channel/token.\n"
-                    "See the LS chapter for trained gates.", transform=ax.transAxes, ha="center", va="center",
-                    fontsize=10, color="#444444")
+    if values is None:
+        ax.text(0.5, 0.42, "$\\kappa_i$ is learned by the calibration network,\nper sample and per channel/token.\n"
+                "See the LS chapter for trained gates.", transform=ax.transAxes, ha="center", va="center",
+                color="#444444")
+    elif method in LEARNED_METHODS:
+        bars = ax.bar(idx, values, color=color, hatch="//", edgecolor="white",
+                      label=r"RMS gate $\sqrt{\mathrm{E}[\kappa_i^2]}$, untrained")
+    elif method == "block-output":
+        bars = ax.bar(idx, values, color=color, label=rf"total factor on skip $i$'s path, $\eta^{{i-1}}$; "
+                      rf"bottleneck path $\eta^{{{n}}}$ = {path_factors(method, kappa, n)[n]:.3g}")
     else:
-        values = kappa_coefficients(method, kappa, n)
         bars = ax.bar(idx, values, color=color, label=r"$\kappa_i$ on skip $i$")
-        if method == "block-output":
-            ax.plot(idx, stream_coefficients(method, kappa, n), "D--", color="#5e3c99", markersize=5,
-                    label=r"$\eta_i = \eta^{\,i}$ on the decoder stream")
     if values is not None and n <= 10:
-        ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=2)
+        ax.bar_label(bars, fmt="%.3g", fontsize="small", padding=2)
     top = max([1.0] + (values or []))
-    ax.set_ylim(0, 1.75 * top)
+    ax.set_ylim(0, 1.6 * top)
     ax.set_xlim(0.4, n + 0.6)
     ax.set_xticks(idx if n <= 16 else idx[:: math.ceil(n / 16)])
     ax.set_xlabel("long skip i  (1 = outermost)")
-    ax.set_ylabel(r"$\kappa_i$")
-    ax.set_title(_method_title(method, kappa), fontsize=11)
+    ax.set_ylabel(r"effective $\kappa_i$")
+    ax.set_title(_method_title(method, kappa))
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize=8)
+        legend_below(ax, ncol=1)
 
     if values is not None:
         total = sum_kappa_squared(values)
@@ -210,13 +217,13 @@ def plot_kappas(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, *,
         gauge.axvline(total, color="#1a9850" if inside else "#d73027", lw=3)
         gauge.set_yticks([])
         gauge.set_xticks([lo, hi])
-        gauge.set_xticklabels([f"{lo:g}", f"{hi:g}"], fontsize=7)
+        gauge.set_xticklabels([f"{lo:g}", f"{hi:g}"], fontsize="small")
         gauge.xaxis.set_minor_locator(plt.NullLocator())
         gauge.tick_params(axis="x", length=2, pad=1)
         gauge.grid(False)
         word = "inside" if inside else "outside"
-        what = r"$\Sigma_i\,\bar\kappa_i^2$" if method in LEARNED_METHODS else r"$\Sigma_i\,\kappa_i^2$"
-        gauge.set_title(f"{what} = {total:.3g}, {word} [{lo:g}, {hi:g}]", fontsize=8, pad=2,
+        what = r"$\Sigma_i\,\mathrm{E}[\kappa_i^2]$" if method in LEARNED_METHODS else r"$\Sigma_i\,\kappa_i^2$"
+        gauge.set_title(f"{what} = {total:.3g}, {word} [{lo:g}, {hi:g}]", fontsize="small", pad=2,
                         color="#1a9850" if inside else "#d73027", gid="sum_kappa2")
     return ax
 
@@ -250,7 +257,7 @@ def plot_cs_band(n_values: Sequence[int] = (2, 4, 6, 8, 10, 12), ax=None, *,
     ax.set_xlim(0, kappa_max)
     ax.set_xlabel(r"CS base $\kappa$")
     ax.set_ylabel(r"$\Sigma_i\,\kappa_i^2$")
-    ax.legend(fontsize=8, ncol=2, loc="upper left")
+    legend_below(ax, ncol=3)
     return ax
 
 
@@ -285,7 +292,7 @@ class KappaExplorer:
         _check_method(method)
         kappa, n = check_kappa(kappa), check_n_skips(n_skips)
         if learned is not None and not callable(learned):
-            raise ValueError("learned must be a function (method, n_skips) -> N mean gates, or None")
+            raise ValueError("learned must be a function (method, n_skips) -> N RMS gates, or None")
         self.learned = learned
         self._learned_cache: dict[tuple[str, int], list[float] | None] = {}
         self.redraws = 0
@@ -334,15 +341,14 @@ class KappaExplorer:
             ax.text(0.5, 0.5, f"could not draw: {exc}", ha="center", va="center", transform=ax.transAxes, wrap=True)
             self.status.value = f"<span style='color:#d73027'>{type(exc).__name__}: {exc}</span>"
         else:
-            learned = self._learned_values(method, n)
-            values = learned if method in LEARNED_METHODS else kappa_coefficients(method, kappa, n)
+            values = _profile(method, kappa, n, self._learned_values(method, n))
             if values is None:
                 self.status.value = "κ_i is learned by LS; no fixed value to sum."
             else:
                 total = sum_kappa_squared(values)
                 lo, hi = SUM_KAPPA2_BAND
                 word = "inside" if lo <= total <= hi else "outside"
-                what = "Σ (mean gate)<sup>2</sup>" if method in LEARNED_METHODS else "Σ κ<sub>i</sub><sup>2</sup>"
+                what = "Σ E[κ<sub>i</sub><sup>2</sup>]" if method in LEARNED_METHODS else "Σ κ<sub>i</sub><sup>2</sup>"
                 self.status.value = f"{what} = {total:.4g}, {word} the band [{lo:g}, {hi:g}] of the paper's Section 4.1"
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
@@ -359,7 +365,7 @@ class KappaExplorer:
 
         fig, ax = plt.subplots(figsize=(6.6, 3.6))
         self.draw(ax)
-        fig.text(0.01, -0.03, STATIC_NOTE, fontsize=8, style="italic", color="#555555", ha="left", va="top")
+        fig.text(0.01, -0.03, STATIC_NOTE, fontsize="small", style="italic", color="#555555", ha="left", va="top")
         return fig
 
     def show(self) -> None:
@@ -385,8 +391,9 @@ def kappa_explorer(method: str = "cs", kappa: float = 0.5, n_skips: int = 6,
         method: the initial method (a name from :data:`scalelong_edu.scaling.METHODS`).
         kappa: the initial CS base (also ``eta`` for ``block-output``), > 0.
         n_skips: the initial ``N`` >= 1.
-        learned: optional ``f(method, N) -> N values`` giving LS coefficients to show (e.g. the
-            :func:`measured_kappas` of an untrained model); results are cached per (method, N).
+        learned: optional ``f(method, N) -> N values`` giving LS coefficients to show, the RMS gates
+            (e.g. ``measured_kappas(model, x, t, statistic="rms")`` of an untrained model); results
+            are cached per (method, N).
 
     Displaying the returned object (last line of a cell, or ``.show()``) shows the static figure
     first and the live widget below it.

@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from scalelong_edu.diagrams import draw_unet, parameter_table, skip_features, skip_summary
+from scalelong_edu.diagrams import draw_unet, init_norms, parameter_table, skip_features, skip_summary
 from scalelong_edu.models import build_model
 from scalelong_edu.models.embedding import timestep_embedding
 from scalelong_edu.scaling import Calibration, cs_coefficients
@@ -108,3 +108,30 @@ def test_parameter_table_columns_per_preset():
     hidden = max(16 // 16, Calibration.MIN_HIDDEN)
     assert table.loc["ls", "unet-ci"] - table.loc["none", "unet-ci"] == 16 * hidden + hidden + hidden * 16 + 16
     assert parameter_table("uvit-ci", 1, 16, ["none"]).shape == (1, 1)
+
+
+def test_init_norms_compares_norms_at_initialisation_with_the_sum_of_kappa_squared():
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 1, 16, 16), torch.tensor([10.0, 200.0, 500.0, 900.0])
+    methods = ["none", "cs", "block-output", "ls"]
+    table = init_norms("uvit-ci", x, t, methods, kappa=0.5, seed=3)
+    assert list(table.index) == methods
+    assert list(table.columns) == ["sum_kappa2", "output_sq", "hidden_sq_mean", "hidden_sq_1", "hidden_sq_2"]
+    assert table.equals(init_norms("uvit-ci", x, t, methods, kappa=0.5, seed=3))  # seeded
+    assert list(table["sum_kappa2"][:3]) == pytest.approx([2.0, 1.25, 1.25])  # block-output: its paths
+
+    torch.manual_seed(3)  # the same initialisation, measured by hand
+    model = build_model("uvit-ci", 1, 16, "ls").eval()
+    seen = {}
+    model.decoder_blocks[0].register_forward_hook(lambda m, inp, out: seen.__setitem__("h_1", out))
+    model.scaling.register_forward_hook(lambda m, inp, out: seen.__setitem__(inp[2], out[1] / inp[1]))
+    with torch.no_grad():
+        out = model(x, t)
+    x_sq = x.flatten(1).square().sum(1).mean()
+    ls = table.loc["ls"]
+    assert ls["sum_kappa2"] == pytest.approx(sum(seen[i].square().mean().item() for i in (1, 2)), rel=1e-5)
+    assert ls["output_sq"] == pytest.approx((out.flatten(1).square().sum(1).mean() / x_sq).item(), rel=1e-5)
+    assert ls["hidden_sq_1"] == pytest.approx((seen["h_1"].flatten(1).square().sum(1).mean() / x_sq).item(), rel=1e-5)
+    assert table.loc["cs", "hidden_sq_mean"] < table.loc["none", "hidden_sq_mean"]
+    with pytest.raises(ValueError, match="B, C, H, W"):
+        init_norms("uvit-ci", x[0], t)

@@ -9,9 +9,13 @@ import torch
 from scalelong_edu import plotting
 from scalelong_edu.diffusion import VPSDE, cosine_schedule, linear_schedule
 from scalelong_edu.models import build_model
+from scalelong_edu.diagrams import draw_unet
 from scalelong_edu.plotting import (
+    MAX_FIGURE_WIDTH,
+    MIN_FONT_SIZE,
     LiveLossPlot,
     image_grid,
+    legend_below,
     log_axis,
     plot_forward_process,
     plot_mean_band,
@@ -19,6 +23,7 @@ from scalelong_edu.plotting import (
     show_images,
 )
 from scalelong_edu.train import Callback, TrainConfig, Trainer
+from scalelong_edu.widgets import plot_cs_band, plot_kappas
 
 
 # -- image_grid / show_images -----------------------------------------------------------------------
@@ -51,6 +56,15 @@ def test_grid_colour_and_channelless_and_numpy_inputs():
     assert grid.shape == (2 * 5 + 3 * 2, 2 * 5 + 3 * 2, 3)  # default nrow = ceil(sqrt(4)) = 2
     np.testing.assert_allclose(grid[2, 2], [1.0, 0.5, 0.5])
     assert image_grid(np.zeros((3, 6, 6)), nrow=3, padding=0).shape == (6, 18)
+
+
+def test_grid_is_torchvisions_make_grid_of_the_rescaled_batch():
+    from torchvision.utils import make_grid
+
+    images = torch.randn(5, 3, 4, 6, dtype=torch.float64) * 1.5
+    expected = make_grid((images.clamp(-1, 1) + 1) / 2, nrow=2, padding=2, pad_value=0.3)
+    np.testing.assert_allclose(image_grid(images, nrow=2, padding=2, pad_value=0.3), expected.permute(1, 2, 0))
+    assert image_grid(torch.zeros(1, 1, 3, 5), padding=2).shape == (3, 5)  # one image: no frame
 
 
 @pytest.mark.parametrize(
@@ -243,3 +257,44 @@ def test_book_style_and_method_colours_are_kept():
     plotting.use_book_style()
     assert matplotlib.rcParams["figure.figsize"] == [7.0, 3.6]
     assert set(plotting.METHOD_COLORS) >= {"none", "sqrt2-cs", "cs", "ls"}
+
+
+# -- one style for every figure ---------------------------------------------------------------------
+def _book_figures():
+    """The package's standard figures, drawn under the book style."""
+    schedule = linear_schedule()
+    yield plot_schedules({"linear": schedule, "cosine": cosine_schedule()}).figure
+    yield plot_forward_process(torch.zeros(2, 1, 4, 4), schedule, range(0, 1000, 125))
+    yield plot_kappas("block-output", 0.5, 6).figure
+    yield plot_kappas("ls", 0.5, 6, learned=[0.5] * 6).figure
+    yield plot_cs_band().figure
+    yield draw_unet(6, [1, 0.5, 0.25, 0.125, 0.0625, 0.03], encoder_notes=["32 × 16 × 16"] * 6).figure
+    live = LiveLossPlot(display=False, total=10)
+    live.record(fake_history(10))
+    yield live.draw()
+
+
+def test_every_figure_fits_the_page_and_has_no_small_text():
+    with matplotlib.rc_context():
+        plotting.use_book_style()
+        for fig in _book_figures():
+            fig.canvas.draw()
+            assert fig.get_figwidth() <= MAX_FIGURE_WIDTH + 1e-9
+            small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
+                     if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_SIZE]
+            assert not small, f"text below {MIN_FONT_SIZE} pt: {small}"
+
+
+def test_legend_below_sits_under_the_tick_and_axis_labels():
+    with matplotlib.rc_context():
+        plotting.use_book_style()
+        ax = plot_schedules({"linear": linear_schedule(), "cosine": cosine_schedule()})
+        ax.figure.canvas.draw()
+        renderer = ax.figure.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.y1 < ax.xaxis.label.get_window_extent(renderer).y0
+        assert legend.y1 < ax.get_window_extent(renderer).y0
+        assert len(ax.get_legend().get_texts()) == 4
+        _, other = plt.subplots()
+        other.plot([0, 1], label="a")
+        assert legend_below(other, ncol=1, title="t").get_title().get_text() == "t"

@@ -10,8 +10,10 @@ from scalelong_edu.scaling import (
     METHODS,
     BlockOutputScaling,
     LearnableScaling,
+    constant_scaling,
     cs_coefficients,
     make_scaling,
+    path_factors,
 )
 
 
@@ -98,24 +100,100 @@ def test_ls_gates_channels_of_conv_skips_and_tokens_of_uvit_skips():
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_effective_kappas(method):
+def test_effective_kappas_are_the_path_factors(method):
     model = tiny_uvit(method, 0.5)
     produced, _ = _skips_received(model, torch.randn(2, 1, 16, 16), torch.tensor([3.0, 700.0]))
     kappas = model.scaling.effective_kappas([produced[i] for i in range(1, model.n_skips + 1)])
-    assert kappas.shape == (4,)
-    expected = {"none": [1.0] * 4, "sqrt2-cs": [2**-0.5] * 4, "cs": [1, 0.5, 0.25, 0.125], "block-output": [1.0] * 4}
-    if method in expected:
-        torch.testing.assert_close(kappas, torch.tensor(expected[method]))
-    else:  # LS starts with PyTorch's default init, so gates sit near sigmoid(small) ~ 0.5
+    assert kappas.shape == (4,) and kappas.dtype == torch.float64
+    if method in ("ls", "ls-per-skip"):  # PyTorch's default init: gates sit near sigmoid(small) ~ 0.5
         assert ((kappas > 0.3) & (kappas < 0.7)).all()
+    else:  # block-output: skips unscaled, but skip i's path rides the stream through i - 1 merges
+        assert kappas.tolist() == pytest.approx(path_factors(method, 0.5, 4)[:4])
+        assert kappas.tolist() == pytest.approx({"none": [1.0] * 4, "sqrt2-cs": [2**-0.5] * 4}.get(
+            method, [1, 0.5, 0.25, 0.125]))
 
 
-def test_block_output_scaling_scales_the_stream_not_the_skip():
+def _linear_standin_output(scaling, n, skip_delta=None, bottleneck_delta=0.0):
+    """Eq. (3) with identity blocks, a_i(x) = x, b_i(u) = u and f_N(u) = u, merged the way both
+    backbones call the scaling object. ``skip_delta = (k, d)`` perturbs only skip k's copy of a_k(x)."""
+    x = torch.ones(1, 1, 1, dtype=torch.float64)
+    skips = [x.clone() for _ in range(n)]
+    if skip_delta is not None:
+        k, d = skip_delta
+        skips[k - 1] = skips[k - 1] + d
+    h = x + bottleneck_delta
+    for i in range(n, 0, -1):
+        h, skip = scaling(h, skips[i - 1], i)
+        h = h + skip
+    return h.item()
+
+
+@pytest.mark.parametrize("method, kappa", [("none", 0.5), ("sqrt2-cs", 0.5), ("cs", 0.5), ("cs", 0.8),
+                                           ("block-output", 0.5), ("block-output", 0.8)])
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_path_factors_match_perturbing_each_path_of_a_linear_model(method, kappa, n):
+    """Perturb one path's input by d: the output moves by (its total factor) * d, path by path."""
+    scaling = make_scaling(method, kappa)
+    scaling.bind([1] * n)
+    base, d = _linear_standin_output(scaling, n), 0.125
+    measured = [(_linear_standin_output(scaling, n, skip_delta=(k, d)) - base) / d for k in range(1, n + 1)]
+    measured.append((_linear_standin_output(scaling, n, bottleneck_delta=d) - base) / d)
+    assert measured == pytest.approx(path_factors(method, kappa, n), rel=1e-12)
+
+
+def test_block_output_paths_equal_cs_on_the_skips_and_eta_to_the_n_on_the_bottleneck():
+    # not the compounding eta ** (k (k - 1) / 2) of a factor eta ** i at merge i
+    assert path_factors("block-output", 0.5, 6) == pytest.approx([1, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.5**6])
+    assert path_factors("cs", 0.5, 6) == pytest.approx(cs_coefficients(0.5, 6) + [1.0])
+    assert path_factors("sqrt2-cs", 0.5, 2) == pytest.approx([2**-0.5, 2**-0.5, 1.0])
+    assert path_factors("none", 0.9, 3) == [1.0] * 4
+    with pytest.raises(ValueError, match="learns kappa_i.*measured_kappas"):
+        path_factors("ls", 0.5, 6)
+    with pytest.raises(ValueError, match="n_skips must be >= 1"):
+        constant_scaling("cs", 0.5, 0)
+
+
+def test_block_output_scaling_scales_the_stream_by_eta_at_every_merge():
     scaling = BlockOutputScaling(0.5)
     scaling.bind([8, 8, 8])
     h, skip = torch.ones(2, 8, 4), torch.ones(2, 8, 4)
-    h2, skip2 = scaling(h, skip, 3)
-    assert torch.equal(skip2, skip) and torch.equal(h2, h * 0.125)
+    for i in (1, 2, 3):
+        h2, skip2 = scaling(h, skip, i)
+        assert torch.equal(skip2, skip) and torch.equal(h2, h * 0.5)
+    assert [scaling.outward_factor(i) for i in range(4)] == [1.0, 0.5, 0.25, 0.125]
+
+
+@pytest.mark.parametrize("build", [tiny_uvit, tiny_unet])
+def test_block_output_in_a_model_scales_each_deeper_output_once(build):
+    """In the real backbones the stream entering b_i is eta times what the deeper block produced."""
+    model = build("block-output", 0.5)
+    n, blocks = model.n_skips, model.decoder_blocks
+    feeds = {i: blocks[i] for i in range(1, n)}  # b_{i+1} feeds merge i; the bottleneck feeds merge N
+    feeds[n] = model.mid_block if isinstance(model, UViT) else model.mid[-1]
+    produced, entering, hooks = {}, {}, []
+    for i in range(1, n + 1):
+        hooks.append(feeds[i].register_forward_hook(lambda m, inp, out, i=i: produced.__setitem__(i, out)))
+        hooks.append(blocks[i - 1].register_forward_pre_hook(lambda m, inp, i=i: entering.__setitem__(i, inp[0])))
+    model(torch.randn(2, 1, 16, 16), torch.tensor([3.0, 700.0]))
+    for hook in hooks:
+        hook.remove()
+    assert sorted(entering) == list(range(1, n + 1))
+    for i in entering:
+        torch.testing.assert_close(entering[i], 0.5 * produced[i])
+
+
+def test_rms_statistic_averages_squared_gates_not_the_squared_mean():
+    scaling = LearnableScaling(per_skip=True)
+    scaling.bind([2])
+    net = scaling.nets[0]
+    with torch.no_grad():  # gates 0.1 and 0.9 whatever the input: mean 0.5, mean square 0.41
+        net.fc2.weight.zero_()
+        net.fc2.bias.copy_(torch.tensor([math.log(0.1 / 0.9), math.log(0.9 / 0.1)]))
+    skip = torch.randn(3, 2, 5)
+    assert scaling.effective_kappas([skip]).item() == pytest.approx(0.5, rel=1e-6)
+    assert scaling.effective_kappas([skip], "rms").item() ** 2 == pytest.approx(0.41, rel=1e-6)
+    with pytest.raises(ValueError, match="'mean' or 'rms'"):
+        scaling.effective_kappas([skip], "median")
 
 
 @pytest.mark.parametrize("bad", [0, -0.5, float("nan"), float("inf"), "half", None])

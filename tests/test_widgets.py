@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalelong_edu.models import build_model
-from scalelong_edu.scaling import METHODS
+from scalelong_edu.scaling import METHODS, path_factors
 from scalelong_edu.theory import SUM_KAPPA2_BAND, cs_kappa_range, cs_sum_kappa_squared, sum_kappa_squared
 from scalelong_edu.widgets import (
     KappaExplorer,
@@ -25,7 +25,7 @@ def test_kappa_coefficients_of_every_constant_method():
     assert kappa_coefficients("sqrt2-cs", 0.5, 3) == pytest.approx([2**-0.5] * 3)
     assert kappa_coefficients("cs", 0.5, 6) == pytest.approx([1, 0.5, 0.25, 0.125, 0.0625, 0.03125])
     assert kappa_coefficients("block-output", 0.5, 3) == [1.0] * 3  # the skips stay unscaled
-    assert stream_coefficients("block-output", 0.5, 3) == pytest.approx([0.5, 0.25, 0.125])
+    assert stream_coefficients("block-output", 0.5, 3) == [0.5] * 3  # one eta at every merge
     assert stream_coefficients("cs", 0.5, 3) == [1.0] * 3
 
 
@@ -108,20 +108,21 @@ def test_cs_kappa_range_for_the_papers_setting():
 
 @pytest.mark.parametrize("method", ["none", "sqrt2-cs", "cs", "block-output"])
 @pytest.mark.parametrize("n", [1, 6, 12])
-def test_plot_kappas_bar_heights_are_the_coefficients(method, n):
+def test_plot_kappas_bar_heights_are_the_skip_path_factors(method, n):
     ax = plot_kappas(method, 0.7, n)
     heights = [bar.get_height() for bar in ax.containers[0]]
-    assert heights == pytest.approx(kappa_coefficients(method, 0.7, n))
+    assert heights == pytest.approx(path_factors(method, 0.7, n)[:n])
     assert [bar.get_x() + bar.get_width() / 2 for bar in ax.containers[0]] == pytest.approx(range(1, n + 1))
     gauge_titles = [child.get_title() for child in ax.child_axes]
-    expected = sum_kappa_squared(kappa_coefficients(method, 0.7, n))
+    expected = sum_kappa_squared(path_factors(method, 0.7, n)[:n])
     assert any(f"= {expected:.3g}," in title for title in gauge_titles)
 
 
-def test_plot_kappas_block_output_draws_the_stream_factors():
+def test_plot_kappas_block_output_shows_the_paths_and_the_bottleneck():
     ax = plot_kappas("block-output", 0.5, 4)
-    (line,) = ax.get_lines()
-    assert list(line.get_ydata()) == pytest.approx([0.5, 0.25, 0.125, 0.0625])
+    assert [bar.get_height() for bar in ax.containers[0]] == pytest.approx([1, 0.5, 0.25, 0.125])
+    assert "0.0625" in ax.get_legend().get_texts()[0].get_text()  # the bottleneck path: eta ** 4
+    assert "1.33, inside" in ax.child_axes[0].get_title()  # not the 4 of unscaled skips
 
 
 def test_plot_kappas_for_ls_says_it_is_learned():
@@ -151,12 +152,17 @@ def test_plot_cs_band_draws_one_curve_per_n():
 
 def test_kappa_table_rows_and_sums():
     table = kappa_table(6, 0.5, ["none", "cs", ("cs", 0.8), "block-output"])
-    assert list(table.index) == ["none", "cs, κ=0.5", "cs, κ=0.8", "block-output, η=0.5", "  η_i on the stream (η=0.5)"]
+    assert list(table.index) == ["none", "cs, κ=0.5", "cs, κ=0.8", "block-output, η=0.5"]
+    assert list(table.columns) == [f"κ_{i}" for i in range(1, 7)] + ["bottleneck", "Σκ_i²"]
     assert table.loc["cs, κ=0.5", "κ_6"] == pytest.approx(0.03125)
     assert table.loc["cs, κ=0.5", "Σκ_i²"] == pytest.approx(cs_sum_kappa_squared(0.5, 6))
     assert table.loc["cs, κ=0.8", "Σκ_i²"] == pytest.approx(cs_sum_kappa_squared(0.8, 6))
     assert table.loc["none", "Σκ_i²"] == 6
-    assert math.isnan(table.loc["  η_i on the stream (η=0.5)", "Σκ_i²"])
+    # block-output: the same skip-path factors as CS at eta = kappa, the bottleneck at eta ** 6
+    block = table.loc["block-output, η=0.5"]
+    assert list(block.iloc[:6]) == pytest.approx(list(table.loc["cs, κ=0.5"].iloc[:6]))
+    assert block["bottleneck"] == pytest.approx(0.5**6) and table.loc["cs, κ=0.5", "bottleneck"] == 1.0
+    assert block["Σκ_i²"] == pytest.approx(cs_sum_kappa_squared(0.5, 6))
     with pytest.raises(ValueError, match="learns kappa_i"):
         kappa_table(6, 0.5, ["ls"])
 
@@ -173,6 +179,22 @@ def test_measured_kappas_of_constant_and_learned_methods():
     model.scaling.register_forward_hook(lambda m, inp, out: seen.append((inp[2], (out[1] / inp[1]).mean().item())))
     got = measured_kappas(model, x, t)
     assert got == pytest.approx([v for _, v in sorted(seen)], rel=1e-4)
+
+
+def test_measured_rms_kappas_square_to_the_mean_squared_gate():
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 1, 16, 16), torch.tensor([10.0, 200.0, 500.0, 900.0])
+    model = build_model("unet-ci", 1, 16, "ls-per-skip")
+    with torch.no_grad():  # spread the gates of skip 1 so that E[k^2] and E[k]^2 differ clearly
+        model.scaling.nets[0].fc2.bias.copy_(torch.linspace(-3.0, 3.0, 16))
+    seen = {}
+    model.scaling.register_forward_hook(lambda m, inp, out: seen.__setitem__(inp[2], out[1] / inp[1]))
+    rms = measured_kappas(model, x, t, statistic="rms")
+    mean = measured_kappas(model, x, t)
+    assert [r * r for r in rms] == pytest.approx([seen[i].square().mean().item() for i in (1, 2)], rel=1e-4)
+    assert [m * m for m in mean] == pytest.approx([seen[i].mean().item() ** 2 for i in (1, 2)], rel=1e-4)
+    assert rms[0] ** 2 > mean[0] ** 2 + 0.05  # squaring the mean gate misses the variance
+    assert measured_kappas(build_model("uvit-ci", 1, 16, "block-output", 0.5), x, t, "rms") == pytest.approx([1, 0.5])
 
 
 def test_widget_builds_without_a_kernel_and_redraws_on_change():

@@ -3,18 +3,19 @@
 Layout for ``channel_mults = (1, 1, 1)`` and ``blocks_per_level = 2`` (``N = 6``)::
 
     stem conv                                   final GroupNorm-SiLU-conv
-    a_1 = Res            (R)  --skip 1-->  b_1 = Merge + Res         (R)
-    a_2 = Res            (R)  --skip 2-->  b_2 = Merge + Res + Up
-    a_3 = Down + Res   (R/2)  --skip 3-->  b_3 = Merge + Res       (R/2)
-    a_4 = Res          (R/2)  --skip 4-->  b_4 = Merge + Res + Up
-    a_5 = Down + Res   (R/4)  --skip 5-->  b_5 = Merge + Res       (R/4)
-    a_6 = Res          (R/4)  --skip 6-->  b_6 = Merge + Res
+    a_1 = Res            (R)  --skip 1-->  b_1 = Merge + Res                (R)
+    a_2 = Res            (R)  --skip 2-->  b_2 = Merge + Res                (R)
+    a_3 = Down + Res   (R/2)  --skip 3-->  b_3 = Merge + Res + Up   (R/2 -> R)
+    a_4 = Res          (R/2)  --skip 4-->  b_4 = Merge + Res              (R/2)
+    a_5 = Down + Res   (R/4)  --skip 5-->  b_5 = Merge + Res + Up (R/4 -> R/2)
+    a_6 = Res          (R/4)  --skip 6-->  b_6 = Merge + Res              (R/4)
                  bottleneck f_N = Res + Attention + Res (R/4)
 
 Every encoder block ``a_i`` emits one skip; decoder block ``b_i`` merges the decoder stream with
 ``kappa_i * skip`` by a 1x1 convolution of their concatenation (the skip-scaling object decides
-``kappa_i``) and runs a time-conditioned residual block. ``b_i`` upsamples exactly when ``a_i``
-downsampled, so the two sides mirror.
+``kappa_i``) and runs a time-conditioned residual block, at the resolution of ``a_i``. ``b_i``
+ends with an upsampling exactly when ``a_i`` began with a downsampling (here ``b_3`` and ``b_5``),
+so the stream it hands to ``b_{i-1}`` is at ``a_{i-1}``'s resolution and the two sides mirror.
 """
 
 from __future__ import annotations
