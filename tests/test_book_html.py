@@ -3,12 +3,20 @@
 A module fixture builds the book once, exactly as CI and ``make book`` do
 (``jupyter-book build . --all -W --keep-going``; a non-zero exit or any ``WARNING`` fails),
 serves ``_build/html`` on 127.0.0.1 and opens every page of ``_toc.yml`` in Debian's headless
-Chromium through Playwright. Each page must load, typeset its math with MathJax, load its
-images, render its theorem/definition blocks and its saved widgets, show no traceback or
-broken-widget text, throw no JavaScript error, and link only to files and anchors that exist.
-A full-page screenshot of each page is saved in ``_build/screenshots/`` for a human to look at.
+Chromium through Playwright, on a desktop (1280 px) and on a phone (390 px). Each page must load,
+typeset its math with MathJax, load its images, render its theorem/definition blocks and its saved
+widgets, show no traceback or broken-widget text, log no console error, throw no JavaScript error,
+request no missing file (no tolerated faults), and link only to files and anchors that exist. At
+both widths no display equation, code block, cell output or table may be wider than the article
+column (on the phone, code, text output and tables may scroll sideways inside their own box, since
+an 88-character line cannot fit 390 px; equations, figures, widgets and charts may not); on the
+phone no margin note or sidebar may be squeezed beside the text; figure captions must be as legible
+as the text. Equations and figures are numbered per chapter, the bibliography is author-year with
+links back to the citations, and the kappa explorer of chapter 2 (a Vega-Lite chart) must recompute
+when its controls move. Full-page screenshots at both widths are saved in ``_build/screenshots/``
+for a human to look at.
 
-The test is hermetic. The pages load MathJax (and, on pages with widgets, RequireJS and the
+The test is hermetic. The pages load MathJax, Vega (and, on pages with widgets, RequireJS and the
 Jupyter widget manager) from public CDNs; the browser gets those files from local copies of
 the same npm packages instead (``npm pack``, cached in ``.cache/npm/``), and every other
 request that leaves 127.0.0.1 is aborted and reported as a failure.
@@ -20,6 +28,7 @@ them (``.ci/run`` installs Chromium).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -49,22 +58,13 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 BAD_TEXT = ("Traceback (most recent call last)", "Failed to display Jupyter Widget", "Error displaying widget")
-# Known upstream faults that every Jupyter Book 1.x site shows, tolerated so that the checks
-# stay strict about everything else:
-# * Sphinx 7.4 emits sphinx-thebe's inline config script twice (a script added after the
-#   builder starts is registered once as None and once as ""), so the second
-#   `const THEBE_JS_URL` throws; the first copy defines everything.
-# * ipywidgets 8's widget manager (html-manager 1.0.x, which myst-nb loads) typesets widget
-#   labels with the MathJax 2 API (`MathJax.Hub.Queue`); the book's MathJax is version 3, so
-#   that call throws after the widget has rendered (only the label's TeX stays raw).
-# * Under RequireJS the same manager asks for its icon fonts relative to the page
-#   (`<page dir>/@jupyter-widgets/html-manager/dist/*.woff2`), where they never exist;
-#   only widget icons are affected.
-KNOWN_JS_ERRORS = (
-    "Identifier 'THEBE_JS_URL' has already been declared",
-    "Cannot read properties of undefined (reading 'Queue')",
-)
-KNOWN_MISSING = re.compile(r"/@jupyter-widgets/html-manager/dist/[^/]+\.(woff2?|ttf|eot|svg)$")
+WIDTHS = (1280, 390)  # a desktop and a phone, in CSS pixels
+PHONE = min(WIDTHS)
+ASIDE_MIN_SHARE = 0.9  # on a phone a margin note or sidebar takes at least this share of the column
+CAPTION_MIN_CONTRAST = 7.0  # WCAG AAA for body text: captions read like the text around them
+CAPTION_MIN_PX = 14.0
+EXPLORER_PAGE = "book/02_unets_and_long_skips"
+EXPLORER_CELL = "from scalelong_edu.explorer import kappa_explorer_chart\n\nkappa_explorer_chart()"
 SOURCE_SUFFIXES = (".md", ".ipynb", ".rst")
 # "```{prf:theorem}" or ":::{prf:lemma}" in a page's markdown
 PRF_DIRECTIVE = re.compile(r"^\s*(?:`{3,}|:{3,})\s*\{prf:(\w+)\}", re.MULTILINE)
@@ -75,9 +75,11 @@ RAW_TEX = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|\$[^$\s][^$]{0,200}?\\
 # CDN URLs that are npm packages: (name, version spec, path inside the package)
 CDN_NPM = (
     re.compile(r"https://(?:cdn\.jsdelivr\.net/npm|unpkg\.com)/"
-               r"(?P<name>(?:@[^/@]+/)?[^/@]+)(?:@(?P<spec>[^/]+))?(?P<path>/[^?#]*)?"),
+               r"(?P<name>(?:@[^/@?#]+/)?[^/@?#]+)(?:@(?P<spec>[^/?#]+))?(?P<path>/[^?#]*)?"),
     re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/(?P<name>[^/]+)/(?P<spec>[^/]+)(?P<path>/[^?#]*)"),
 )
+# a versioned npm package named in a page's inline script: "https://cdn.jsdelivr.net/npm/vega@6?noext"
+INLINE_NPM = re.compile(r"""["'](https://cdn\.jsdelivr\.net/npm/(?:@[^/@"']+/)?[^/@"'?]+@[^"'\s]+)(?<!/)["']""")
 CDNJS_TO_NPM = {"require.js": "requirejs"}  # cdnjs library name -> npm package name
 
 
@@ -216,12 +218,19 @@ class NpmMirror:
 
 
 def cdn_scripts(html_dir: Path) -> set[str]:
-    """Every external script/stylesheet URL that the built pages name."""
+    """Every external script/stylesheet URL that the built pages name, in tags or in inline scripts.
+
+    Inline scripts count when they name a versioned npm package (Altair's charts load
+    ``https://cdn.jsdelivr.net/npm/vega@6?noext`` from JavaScript); unversioned names there are
+    fallbacks that the pages never request.
+    """
     urls: set[str] = set()
     for page in html_dir.rglob("*.html"):
         text = page.read_text(encoding="utf-8", errors="replace")
-        urls.update(re.findall(r"""<(?:script|link)\b[^>]*\b(?:src|href)=["'](https?://[^"']+)["']""", text))
-    return {u for u in urls if re.search(r"\.(js|css)(\?|$)", u)}
+        tags = re.findall(r"""<(?:script|link)\b[^>]*\b(?:src|href)=["'](https?://[^"']+)["']""", text)
+        urls.update(u for u in tags if re.search(r"\.(js|css)(\?|$)", u))
+        urls.update(INLINE_NPM.findall(text))
+    return urls
 
 
 def drop_sri_of_mirrored(html: str, mirror: NpmMirror) -> str:
@@ -285,8 +294,9 @@ def site(built_book: Path):
 
 @dataclass
 class Visit:
-    """What the browser saw on one page."""
+    """What the browser saw on one page at one width."""
 
+    width: int = 0
     status: int | None = None
     mathjax: bool = False
     math_elements: int = 0
@@ -301,7 +311,10 @@ class Visit:
     widgets_rendered: int = 0
     text: str = ""
     links: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # JS errors, blocked or missing requests, timeouts
+    overflows: list[str] = field(default_factory=list)  # equations, code and outputs wider than the column
+    narrow_asides: list[str] = field(default_factory=list)  # margin notes squeezed beside the text
+    poor_captions: list[str] = field(default_factory=list)  # figure captions too faint or too small
+    problems: list[str] = field(default_factory=list)  # console/JS errors, blocked or missing requests, timeouts
 
 
 # Runs in the page once MathJax and the widgets are done: all the checks need, in one call.
@@ -357,9 +370,144 @@ WIDGETS_DONE_JS = """() => {
 }"""
 
 
+CHARTS_DONE_JS = """() => Array.from(document.querySelectorAll('[id^="altair-viz"]'))
+  .every(d => d.querySelector('svg, canvas') || d.querySelector('.error'))"""
+
+# Runs after INSPECT_JS (and after the screenshot): opens every collapsed block (hidden inputs and
+# outputs, dropdowns), then measures what does not fit the article column.
+LAYOUT_JS = r"""
+async (phone) => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const cs = getComputedStyle(article), box = article.getBoundingClientRect();
+  const col = {left: box.left + parseFloat(cs.paddingLeft), right: box.right - parseFloat(cs.paddingRight)};
+  const colWidth = Math.round(col.right - col.left);
+  const snippet = el => el.textContent.replace(/\s+/g, ' ').trim().slice(0, 70);
+  const tex = c => {
+    try { return MathJax.startup.document.getMathItemsWithin(c)[0].math.replace(/\s+/g, ' ').trim().slice(0, 70); }
+    catch (e) { return snippet(c); }
+  };
+  const visible = el => el.getClientRects().length > 0 && el.getBoundingClientRect().width > 0;
+  const overflows = [];
+  // On a phone, code, text output and tables may scroll sideways inside their own box (88-character
+  // lines cannot fit 390 px); equations, figures, widgets and charts must fit.
+  const mayScroll = el => phone && (el.matches('pre') || (!!el.querySelector('table')
+                                    && !el.querySelector('.vega-embed, .widget-subarea, img')));
+  const check = (el, what, text, inner) => {
+    if (!visible(el)) return;
+    const r = (inner || el).getBoundingClientRect();
+    const hidden = mayScroll(el) ? 0 : el.scrollWidth - el.clientWidth;
+    if (hidden > 1 || r.right > col.right + 1 || r.left < col.left - 1) {
+      overflows.push(`${what} ${Math.round(Math.max(r.width, el.scrollWidth))} px wide in the ${colWidth} px column`
+                     + `${hidden > 1 ? ` (${hidden} px scroll out of view)` : ''}: ${text}`);
+    }
+  };
+  article.querySelectorAll('mjx-container[display="true"]').forEach(c => check(c, 'display equation', tex(c),
+                                                                               c.querySelector('mjx-math')));
+  const longest = p => Math.max(...p.textContent.split('\n').map(line => line.length));
+  article.querySelectorAll('pre').forEach(p => check(p, p.closest('.cell_output') ? 'output' : 'code block',
+                                                     `longest line ${longest(p)} characters: ${snippet(p)}`));
+  article.querySelectorAll('.cell_output > .output').forEach(o => {
+    if (!o.querySelector('pre')) check(o, 'output', snippet(o) || o.className);
+  });
+  article.querySelectorAll('table').forEach(t => {  // outputs' tables are checked as outputs
+    if (!t.closest('pre, .cell_output')) check(t.parentElement, 'table', snippet(t));
+  });
+  const asides = phone ? Array.from(article.querySelectorAll(
+      'aside.margin, aside.sidebar, div.margin, figure.margin, .cell.tag_margin, .cell.tag_popout'))
+    .filter(a => visible(a) && a.getBoundingClientRect().width < ASIDE_MIN_SHARE * colWidth)
+    .map(a => `${a.tagName.toLowerCase()}.${a.className.split(' ').join('.')} `
+              + `${Math.round(a.getBoundingClientRect().width)} px wide in the ${colWidth} px column: `
+              + snippet(a)) : [];
+  // captions: contrast with their background (WCAG's formula) and text size
+  const parse = c => {
+    const v = (c.match(/[\d.]+/g) || []).map(Number);
+    return {rgb: v.slice(0, 3), a: v.length > 3 ? v[3] : 1};
+  };
+  const lum = rgb => rgb.map(v => (v /= 255) <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4))
+                        .reduce((sum, v, k) => sum + [0.2126, 0.7152, 0.0722][k] * v, 0);
+  const background = el => {
+    for (; el; el = el.parentElement) {
+      const c = parse(getComputedStyle(el).backgroundColor);
+      if (c.a > 0) return c.rgb;
+    }
+    return [255, 255, 255];
+  };
+  const captions = Array.from(article.querySelectorAll('figcaption, div.figure p.caption')).filter(visible).map(c => {
+    const text = c.querySelector('.caption-text') || c, cs = getComputedStyle(text);
+    const [hi, lo] = [lum(parse(cs.color).rgb), lum(background(text))].sort((a, b) => b - a);
+    return {text: snippet(c), contrast: (hi + 0.05) / (lo + 0.05), px: parseFloat(cs.fontSize),
+            weight: parseInt(cs.fontWeight, 10)};
+  }).filter(c => c.contrast < CAPTION_MIN_CONTRAST || c.px < CAPTION_MIN_PX || c.weight < 400)
+    .map(c => `contrast ${c.contrast.toFixed(1)}:1, ${c.px} px, weight ${c.weight}: ${c.text}`);
+  return {overflows, narrow_asides: asides, poor_captions: captions};
+}
+""".replace("ASIDE_MIN_SHARE", str(ASIDE_MIN_SHARE)).replace("CAPTION_MIN_CONTRAST", str(CAPTION_MIN_CONTRAST)) \
+   .replace("CAPTION_MIN_PX", str(CAPTION_MIN_PX))
+
+
+class BrowserSession:
+    """Headless Chromium on the served book: every request outside the site is served from the npm
+    mirror or aborted, and each page's console errors, JavaScript errors and failed requests are
+    collected as problems."""
+
+    def __init__(self, browser, site: str, mirror: NpmMirror) -> None:
+        self.browser, self.site, self.mirror = browser, site, mirror
+
+    def open(self, docname: str, width: int, problems: list[str]):
+        """A new tab at ``width`` showing ``docname``; what goes wrong is appended to ``problems``.
+
+        Returns ``(tab, response)``; close the tab's context when done.
+        """
+        context = self.browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
+        context.route("**/*", lambda r: self._route(r, problems))
+        tab = context.new_page()
+        tab.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
+        tab.on("console", lambda msg: problems.append(f"console error: {msg.text}") if msg.type == "error" else None)
+        tab.on("response", lambda r: problems.append(f"HTTP {r.status} for {r.url}")
+               if r.url.startswith(self.site) and r.status >= 400 else None)
+        tab.on("requestfailed", lambda r: problems.append(f"request failed ({r.failure}): {r.url}")
+               if r.url.startswith(self.site) else None)
+        response = tab.goto(self.site + docname + ".html", wait_until="load", timeout=30_000)
+        return tab, response
+
+    def _route(self, r, problems: list[str]) -> None:
+        url = r.request.url
+        try:
+            if url.startswith(self.site):
+                if urlsplit(url).path.endswith(".html"):
+                    response = r.fetch()
+                    r.fulfill(response=response, body=drop_sri_of_mirrored(response.text(), self.mirror))
+                else:
+                    r.continue_()
+                return
+            local = self.mirror.file(url)
+            if local is not None:
+                r.fulfill(path=str(local), headers={"Access-Control-Allow-Origin": "*"})
+                return
+            problems.append(f"blocked a request that leaves the site ({r.request.resource_type}): {url}")
+        except Exception as exc:  # a CDN file the mirror cannot provide
+            problems.append(f"could not serve {url} offline: {exc}")
+        r.abort()
+
+
+def wait_until_rendered(tab, visit: Visit) -> None:
+    """Wait for MathJax's typesetting, the saved widgets and the Vega charts of the page."""
+    if tab.query_selector("script[src*='mathjax']"):
+        tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+        tab.evaluate("() => MathJax.startup.promise.then(() => true)")
+        visit.mathjax = True
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for done in (WIDGETS_DONE_JS, CHARTS_DONE_JS):
+        with contextlib.suppress(PlaywrightTimeout):  # counted by the checks: undrawn widgets and charts
+            tab.wait_for_function(done, timeout=20_000)
+
+
 @pytest.fixture(scope="module")
-def visits(site: str) -> dict[str, Visit]:
-    """Open every TOC page once in headless Chromium; one Visit per docname."""
+def browser(site: str):
+    """A :class:`BrowserSession` on the served book (CDN files fetched into the mirror first)."""
     if not CHROMIUM.exists():
         _unavailable(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does this)")
     try:
@@ -376,77 +524,43 @@ def visits(site: str) -> dict[str, Visit]:
                 if shutil.which("npm") is None:
                     _unavailable(str(exc))
                 raise
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Visit] = {}
-    current: list[Visit] = []
-
-    def problem(text: str) -> None:
-        if current:
-            current[-1].problems.append(text)
-
-    def route(r) -> None:
-        url = r.request.url
-        try:
-            if url.startswith(site):
-                if urlsplit(url).path.endswith(".html"):
-                    response = r.fetch()
-                    r.fulfill(response=response, body=drop_sri_of_mirrored(response.text(), mirror))
-                else:
-                    r.continue_()
-                return
-            local = mirror.file(url)
-            if local is not None:
-                r.fulfill(path=str(local), headers={"Access-Control-Allow-Origin": "*"})
-                return
-            problem(f"blocked a request that leaves the site ({r.request.resource_type}): {url}")
-        except Exception as exc:  # a CDN file the mirror cannot provide
-            problem(f"could not serve {url} offline: {exc}")
-        r.abort()
-
-    def on_response(response) -> None:
-        if response.url.startswith(site) and response.status >= 400 and not KNOWN_MISSING.search(response.url):
-            problem(f"HTTP {response.status} for {response.url}")
-
-    def on_error(exc) -> None:
-        if str(exc) not in KNOWN_JS_ERRORS:
-            problem(f"JavaScript error: {exc}")
-
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
-            context.route("**/*", route)
-            page = context.new_page()
-            page.on("pageerror", on_error)
-            page.on("response", on_response)
-            for p in PAGES:
-                visit = results[p.docname] = Visit()
-                current.append(visit)
-                try:
-                    response = page.goto(site + p.docname + ".html", wait_until="load", timeout=30_000)
-                    visit.status = response.status if response else None
-                    if page.query_selector("script[src*='mathjax']"):
-                        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                                               timeout=30_000)
-                        page.evaluate("() => MathJax.startup.promise.then(() => true)")
-                        visit.mathjax = True
-                    try:
-                        page.wait_for_function(WIDGETS_DONE_JS, timeout=20_000)
-                    except Exception:
-                        pass  # counted below: views without a rendered widget
-                    seen = page.evaluate(INSPECT_JS)
-                    visit.raw_tex = sorted({m.group(0)[:80] for m in RAW_TEX.finditer(seen.pop("prose"))})
-                    for key, value in seen.items():
-                        setattr(visit, key, value)
-                except Exception as exc:  # a timeout or a crash is a finding about this page
-                    visit.problems.append(f"{type(exc).__name__}: {exc}")
-                try:
-                    page.screenshot(path=str(SHOTS / (p.docname.replace("/", "__") + ".png")), full_page=True)
-                except Exception as exc:  # a screenshot is for humans: never a test failure
-                    warnings.warn(f"no screenshot of {p.docname}: {exc}")
+            yield BrowserSession(chromium, site, mirror)
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def visits(browser: BrowserSession) -> dict[tuple[str, int], Visit]:
+    """Open every TOC page once at every width; one Visit per (docname, width)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, int], Visit] = {}
+    for width in WIDTHS:
+        for p in PAGES:
+            visit = results[(p.docname, width)] = Visit(width=width)
+            tab = None
+            try:
+                tab, response = browser.open(p.docname, width, visit.problems)
+                visit.status = response.status if response else None
+                wait_until_rendered(tab, visit)
+                seen = tab.evaluate(INSPECT_JS)
+                visit.raw_tex = sorted({m.group(0)[:80] for m in RAW_TEX.finditer(seen.pop("prose"))})
+                for key, value in seen.items():
+                    setattr(visit, key, value)
+                shot = SHOTS / f"{p.docname.replace('/', '__')}-{width}.png"
+                try:
+                    tab.screenshot(path=str(shot), full_page=True)
+                except Exception as exc:  # a screenshot is for humans: never a test failure
+                    warnings.warn(f"no screenshot of {p.docname} at {width} px: {exc}")
+                for key, value in tab.evaluate(LAYOUT_JS, width == PHONE).items():
+                    setattr(visit, key, value)
+            except Exception as exc:  # a timeout or a crash is a finding about this page
+                visit.problems.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                if tab is not None:
+                    tab.context.close()
     return results
 
 
@@ -505,10 +619,61 @@ def test_book_builds_without_warnings(built_book: Path):
     assert f"url={PAGES[0].docname}.html" in index, "index.html should redirect to the TOC's root page"
 
 
+def numbered_chapters() -> list[str]:
+    """The documents of the ``numbered: true`` parts of ``_toc.yml``, in order: chapter 1, 2, ..."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    return [re.sub(r"\.(md|ipynb|rst)$", "", c["file"]) for part in toc.get("parts", []) if part.get("numbered")
+            for c in part.get("chapters", []) if "file" in c]
+
+
+def test_equations_and_figures_are_numbered_per_chapter(built_book: Path):
+    """Chapter k numbers its equations (k.1), (k.2), ... and its figures, tables and theorem-like
+    blocks k.1, k.2, ... (not one running count through the book)."""
+    chapters = numbered_chapters()
+    assert chapters, "_toc.yml numbers no part: give the chapters' part `numbered: true`"
+    problems = []
+    for k, docname in enumerate(chapters, start=1):
+        html = (built_book / f"{docname}.html").read_text(encoding="utf-8")
+        series = {"equation": re.findall(r'<span class="eqno">\(([^)<]*)\)', html)}
+        for kind, number in re.findall(r'<span class="caption-number">(\w+\.?) ([^<\s]+?)\.? *</span>', html):
+            series.setdefault(kind, []).append(number)
+        for kind, numbers in series.items():
+            want = [f"{k}.{j}" for j in range(1, len(numbers) + 1)]
+            if numbers != want:
+                problems.append(f"{docname} (chapter {k}): {kind} numbers {numbers}, expected {want}")
+    assert not problems, "\n".join(problems)
+
+
+def test_bibliography_is_author_year_and_links_back(built_book: Path):
+    """Entries are labelled as the text cites them ("Ho et al., 2020", never "[6]"), every citation
+    in the text shows its entry's label (or the label's year), and every entry links back to the
+    places that cite it."""
+    pages = {p.docname: p.html.read_text(encoding="utf-8") for p in PAGES}
+    bib = next((name for name, html in pages.items() if 'class="citation-list"' in html), None)
+    assert bib, "no page has a bibliography (a {bibliography} directive with cited works)"
+    entries = re.findall(r'<div class="citation" id="([^"]+)"[^>]*>\s*<span class="label">'
+                         r'<span class="fn-bracket">\[</span>([^<]*)<(.*?)</div>', pages[bib], re.DOTALL)
+    assert entries, f"{bib}.html lists no entries"
+    problems = [f"label {label!r} is not author-year" for _, label, _ in entries
+                if not re.fullmatch(r"\D+, (\d{4}[a-z]?|n\.d\.)", label)]
+    problems += [f"{label}: no 'Cited in:' links back" for _, label, rest in entries
+                 if not re.search(r'<p class="cited-in">Cited in: <a [^>]*href="[^"]*#', rest)]
+    labels = {anchor: label for anchor, label, _ in entries}
+    target = Path(bib).name + ".html#"
+    for name, html in pages.items():
+        for anchor, text in re.findall(rf'href="[^"]*{re.escape(target)}([^"]+)"[^>]*>(.*?)</a>', html):
+            shown = re.sub(r"<[^>]+>", "", text)
+            if anchor in labels and shown not in (labels[anchor], labels[anchor].rpartition(", ")[2]):
+                problems.append(f"{name}: a citation shows {shown!r}, its entry is labelled {labels[anchor]!r}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.docname for p in PAGES])
-def test_page_in_browser(page: Page, visits: dict[str, Visit], site: str):
-    v = visits[page.docname]
-    problems = list(v.problems)
+def test_page_in_browser(page: Page, visits: dict[tuple[str, int], Visit], site: str):
+    v = visits[(page.docname, max(WIDTHS))]
+    problems = [f"{w} px: {p}" for w in WIDTHS for p in visits[(page.docname, w)].problems]
     if v.status != 200:
         problems.append(f"HTTP status {v.status}, expected 200")
 
@@ -545,3 +710,86 @@ def test_page_in_browser(page: Page, visits: dict[str, Visit], site: str):
     problems += [f"broken link: {b}" for b in broken_internal_links(v.links, site)]
 
     assert not problems, f"{page.docname}.html:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("width", WIDTHS, ids=[f"{w}px" for w in WIDTHS])
+@pytest.mark.parametrize("page", PAGES, ids=[p.docname for p in PAGES])
+def test_page_layout(page: Page, width: int, visits: dict[tuple[str, int], Visit]):
+    """The reader conventions of the design, measured at a desktop and a phone width: no display
+    equation, code block, output or table wider than the article column; on a phone no margin note
+    or sidebar squeezed beside the text; figure captions as legible as the text (contrast, size, weight)."""
+    v = visits[(page.docname, width)]
+    problems = [f"too wide: {o}" for o in v.overflows]
+    problems += [f"margin note narrower than {ASIDE_MIN_SHARE:.0%} of the column: {a}" for a in v.narrow_asides]
+    problems += [f"caption below {CAPTION_MIN_CONTRAST:g}:1 contrast, {CAPTION_MIN_PX:g} px or weight 400: {c}"
+                 for c in v.poor_captions]
+    assert not problems, f"{page.docname}.html at {width} px:\n  " + "\n  ".join(problems)
+
+
+# Reads the explorer's state: its controls and the "Σκᵢ² = ..." line of its SVG
+EXPLORER_STATE_JS = r"""() => {
+  const chart = document.querySelector('.vega-embed');
+  if (!chart) return null;
+  const value = name => { const c = chart.querySelector(`[name="${name}"]`); return c ? c.value : null; };
+  const verdict = Array.from(chart.querySelectorAll('svg text')).map(t => t.textContent)
+    .find(t => t.startsWith('Σκᵢ² =')) || null;
+  return {method: value('method'), kappa: value('kappa'), N: value('N'), verdict,
+          bars: chart.querySelectorAll('path[aria-roledescription="bar"]').length,
+          svg: chart.querySelector('svg').outerHTML};
+}"""
+SET_CONTROL_JS = """([name, value]) => {
+  const c = document.querySelector(`.vega-embed [name="${name}"]`);
+  c.value = String(value);
+  c.dispatchEvent(new Event(c.tagName === 'SELECT' ? 'change' : 'input', {bubbles: true}));
+}"""
+
+
+def expected_sum(method: str, kappa: float, n: int) -> float:
+    """``sum_i kappa_i^2`` over the skip paths, as the package computes it."""
+    from scalelong_edu.scaling import path_factors
+    from scalelong_edu.theory import sum_kappa_squared
+
+    return sum_kappa_squared(path_factors(method, kappa, n)[:n])
+
+
+def shown_sum(state: dict) -> float | None:
+    """The number in the explorer's line "Σκᵢ² = 1.333, inside the band [1.22, 5]", if any."""
+    m = re.match(r"Σκᵢ² = ([-+.e\d]+)", state.get("verdict") or "")
+    return float(m.group(1)) if m else None
+
+
+def test_kappa_explorer_in_browser(browser: BrowserSession):
+    """Chapter 2's Vega-Lite kappa explorer recomputes in the page when its controls move."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    problems: list[str] = []
+    tab, _ = browser.open(EXPLORER_PAGE, PHONE, problems)
+    try:
+        wait_until_rendered(tab, Visit())
+        state = tab.evaluate(EXPLORER_STATE_JS)
+        assert state is not None, (f"{EXPLORER_PAGE}.html has no Vega-Lite kappa explorer; chapter 2 needs a cell\n"
+                                   f"{EXPLORER_CELL}")
+        start = (state["method"], float(state["kappa"]), int(state["N"]))
+        assert shown_sum(state) is not None and abs(shown_sum(state) - expected_sum(*start)) <= 1e-3 * max(
+            expected_sum(*start), 1.0), f"at {start} the explorer shows {state['verdict']!r}"
+        steps = [("N", 3), ("kappa", 0.8), ("method", "sqrt2-cs"), ("method", "block-output"), ("N", 9)]
+        for name, value in steps:
+            before = state
+            tab.evaluate(SET_CONTROL_JS, [name, value])
+            controls = {"method": before["method"], "kappa": float(before["kappa"]), "N": int(before["N"])}
+            controls[name] = value
+            method, kappa, n = controls["method"], float(controls["kappa"]), int(controls["N"])
+            want = expected_sum(method, kappa, n)
+            shows = (f"s && s.bars === {n + 1} && !!s.verdict "
+                     f"&& Math.abs(parseFloat(s.verdict.split('=')[1]) - {want}) <= 1e-3 * {max(want, 1.0)}")
+            with contextlib.suppress(PlaywrightTimeout):  # the assertion below says what the chart shows instead
+                tab.wait_for_function(f"() => {{ const s = ({EXPLORER_STATE_JS})(); return {shows}; }}", timeout=10_000)
+            state = tab.evaluate(EXPLORER_STATE_JS)
+            shown = shown_sum(state)
+            assert state["bars"] == n + 1 and shown is not None and abs(shown - want) <= 1e-3 * max(want, 1.0), (
+                f"after setting {name} = {value} ({method}, κ = {kappa:g}, N = {n}) the explorer shows "
+                f"{state['bars']} bars and {state['verdict']!r}; expected {n + 1} bars and Σκᵢ² = {want:.4g}")
+            assert state["svg"] != before["svg"], f"setting {name} = {value} did not change the chart"
+    finally:
+        tab.context.close()
+    assert not problems, "\n".join(problems)
