@@ -379,6 +379,20 @@ def _classifier_features(classifier: FeatureClassifier, images: Tensor, batch_si
         return torch.cat([classifier.features(batch.to(device)).cpu() for batch in images.split(batch_size)])
 
 
+def classifier_confidence(images: Tensor, classifier: FeatureClassifier, batch_size: int = 500) -> Tensor:
+    """The classifier's probability for its top class, per image: (N, C, H, W) in [-1, 1] -> (N,).
+
+    A plain, per-image measure of "is this a recognisable digit": near 1 when the dataset's
+    classifier (:func:`get_feature_classifier`) is sure which class an image shows, near
+    ``1 / num_classes`` for noise. Compare samples with real held-out images, whose
+    confidence is the ceiling for this classifier.
+    """
+    _check_images(images, "images")
+    device = next(classifier.parameters()).device
+    with torch.inference_mode():
+        return torch.cat([classifier(x.to(device)).softmax(1).amax(1).cpu() for x in images.split(batch_size)])
+
+
 def fcd(
     samples: Tensor,
     reference: Tensor | str,

@@ -20,7 +20,8 @@ import torch
 
 from scalelong_edu import __version__, metrics
 from scalelong_edu.data import load_dataset
-from scalelong_edu.metrics import FeatureClassifier, fcd, frechet_distance, get_feature_classifier, inception_fid
+from scalelong_edu.metrics import (FeatureClassifier, classifier_confidence, fcd, frechet_distance,
+                                   get_feature_classifier, inception_fid)
 
 STEPS = 150  # training budget of the test classifier: seconds on one CPU thread
 
@@ -206,6 +207,16 @@ def test_get_feature_classifier_rejects_bad_arguments(tmp_path):
 
 # -----------------------------------------------------------------------------
 # fcd
+
+
+def test_classifier_confidence_is_high_on_real_digits_and_low_on_noise(classifier, digits):
+    real = classifier_confidence(digits["test"], classifier)
+    noise = classifier_confidence(torch.rand(200, 1, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1,
+                                  classifier)
+    assert real.shape == (len(digits["test"]),) and ((real > 0.1) & (real <= 1)).all()
+    assert (real > 0.9).float().mean() > 0.7 > (noise > 0.9).float().mean()
+    with pytest.raises(ValueError, match="must be scaled to \\[-1, 1\\]"):
+        classifier_confidence(digits["test"] * 255, classifier)
 
 
 def test_fcd_of_real_images_is_far_below_noise_and_blank_images(classifier, digits):
