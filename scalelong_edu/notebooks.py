@@ -32,7 +32,8 @@ INSTALL_CELL = """\
 try:
     import scalelong_edu
 except ImportError:
-    %pip install --quiet "scalelong-edu @ git+{url}@{branch}"
+    package = "git+{url}@{branch}"
+    %pip install --quiet "scalelong-edu @ {{package}}"
 from scalelong_edu.book import setup
 
 env = setup()"""

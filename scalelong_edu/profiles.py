@@ -32,7 +32,9 @@ class Profile:
         dataset, image_size: see :func:`scalelong_edu.data.load_dataset`.
         unet, uvit: model presets (:data:`scalelong_edu.models.PRESETS`).
         batch_size: global batch.
-        steps: optimisation steps of one training run.
+        steps: optimisation steps of one training run of an experiment.
+        long_steps: steps of the one long run that shows what training achieves (chapter 1's
+            UNet): on ``cpu``, long enough that most samples are recognisable digits.
         warmup: learning-rate warm-up steps.
         eval_every: steps between probe/metric evaluations.
         ema_decay: decay of the EMA model that samples are drawn from.
@@ -47,6 +49,7 @@ class Profile:
     uvit: str
     batch_size: int
     steps: int
+    long_steps: int
     warmup: int
     eval_every: int
     ema_decay: float
@@ -60,11 +63,11 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, warmup=5,
+        Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, long_steps=30, warmup=5,
                 eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
-        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1200, warmup=100,
+        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1200, long_steps=6000, warmup=100,
                 eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),
-        Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, steps=2500, warmup=250,
+        Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, steps=2500, long_steps=10000, warmup=250,
                 eval_every=100, ema_decay=0.999, n_samples=256, sample_steps=100),
     )
 }
