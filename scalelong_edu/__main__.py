@@ -7,6 +7,7 @@ import sys
 
 from .experiments import EXPERIMENTS, cache_status, run_experiment
 from .profiles import ENV_VAR, PROFILES, get_profile
+from .train import init_distributed
 
 DESCRIPTION = f"""\
 Run the book's experiments ahead of time, so chapters load their results instead of training.
@@ -72,6 +73,8 @@ def _command(args: argparse.Namespace) -> None:
     else:
         result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
                                 progress=not args.no_progress)
+        if init_distributed()[0] != 0:  # under torchrun, rank 0 alone reports
+            return
         print(f"{args.name} ({result.spec['profile']['name']} profile), {result.describe()}")
         for r in result.runs:
             last = r["history"].get("loss", [])[-100:]

@@ -30,16 +30,35 @@ class Setup:
 
 
 def setup(seed: int = 0) -> Setup:
-    """Seed torch, apply the book's plot style, and print profile, device and dataset."""
+    """Seed torch, apply the book's plot style, and print profile, device and dataset.
+
+    On Colab it also turns on Colab's custom widget manager, which ipywidgets 8 and
+    third-party widgets need there, and says how to get a GPU.
+    """
     torch.manual_seed(seed)
     use_book_style()
     profile = get_profile()
     info = next(d for d in list_datasets() if d.name == profile.dataset)
     env = Setup(profile, pick_device(), info)
     print(env)
-    if "google.colab" in sys.modules and env.device.type == "cpu":
-        print(COLAB_GPU_HINT)
+    if "google.colab" in sys.modules:
+        enable_colab_widgets()
+        if env.device.type == "cpu":
+            print(COLAB_GPU_HINT)
     return env
+
+
+def enable_colab_widgets() -> bool:
+    """Call ``google.colab.output.enable_custom_widget_manager()``; ``False`` where it is missing."""
+    try:
+        from google.colab import output
+    except ImportError:
+        return False
+    enable = getattr(output, "enable_custom_widget_manager", None)
+    if enable is None:
+        return False
+    enable()
+    return True
 
 
 def glue(name: str, value: Any, display: bool = False) -> None:

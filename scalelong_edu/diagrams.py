@@ -242,6 +242,8 @@ def init_norms(preset: str, x_t: Tensor, t: Tensor, methods: Sequence[str] = MET
     * ``sum_kappa2`` -- ``sum_i kappa_i^2`` of the effective ``kappa_i`` (total factor on skip ``i``'s
       path); for LS ``sum_i E[kappa_i^2]`` of this batch;
     * ``output_sq`` -- ``||f_0(x_t)||^2 / ||x_t||^2``, the network output;
+    * ``tail_kappa2_mean`` -- the mean over ``i`` of ``sum_{j >= i} kappa_j^2``, the factor Theorem 3.1
+      puts on ``||x_t||^2`` in its bound on ``||h_i||^2``, averaged over the decoder blocks;
     * ``hidden_sq_i`` -- ``||h_i||^2 / ||x_t||^2`` with ``h_i`` the output of decoder block ``b_i``
       (recorded by :class:`scalelong_edu.probes.FeatureNorms`), and ``hidden_sq_mean`` their mean.
 
@@ -255,8 +257,8 @@ def init_norms(preset: str, x_t: Tensor, t: Tensor, methods: Sequence[str] = MET
         overrides: passed to :func:`scalelong_edu.models.build_model` (e.g. ``depth=20``).
 
     Returns:
-        One row per method (index ``method``): ``sum_kappa2``, ``output_sq``, ``hidden_sq_mean``,
-        ``hidden_sq_1 .. hidden_sq_N``.
+        One row per method (index ``method``): ``sum_kappa2``, ``tail_kappa2_mean``, ``output_sq``,
+        ``hidden_sq_mean``, ``hidden_sq_1 .. hidden_sq_N``.
     """
     if x_t.dim() != 4:
         raise ValueError(f"x_t must be a batch of images (B, C, H, W), got shape {tuple(x_t.shape)}")
@@ -271,8 +273,10 @@ def init_norms(preset: str, x_t: Tensor, t: Tensor, methods: Sequence[str] = MET
         decoder = sorted((r["skip"], r["value"]) for r in probe.rows
                          if r["block"] == "b" and r["quantity"] == "sq_norm")
         hidden = {f"hidden_sq_{i}": value / x_sq for i, value in decoder}
+        k2 = kappas.square()
         rows[method] = {
-            "sum_kappa2": kappas.square().sum().item(),
+            "sum_kappa2": k2.sum().item(),
+            "tail_kappa2_mean": k2.flip(0).cumsum(0).mean().item(),
             "output_sq": out.flatten(1).square().sum(1).mean().item() / x_sq,
             "hidden_sq_mean": sum(hidden.values()) / len(hidden),
             **hidden,

@@ -3,8 +3,8 @@
 What it does, in order of a step: take the next global batch of a seeded epoch permutation,
 draw ``t`` and ``eps`` for the whole global batch from the run's own generator (so one process
 and ``torchrun`` with several see the same numbers), keep this rank's slice, compute the loss
-(under fp16 autocast on CUDA), backpropagate, optionally clip, step AdamW after a linear
-warm-up, update the EMA copy, and call the callbacks due at this step.
+(under autocast when ``config.amp`` asks for it), backpropagate, optionally clip, step AdamW
+after a linear warm-up, update the EMA copy, and call the callbacks due at this step.
 
 A checkpoint holds everything a run's future depends on (model, EMA, optimizer, LR schedule,
 grad scaler, step, data order, RNG states, spec, package version), so ``K`` steps, a save, a
@@ -38,6 +38,7 @@ from .scaling import SkipScaling
 CHECKPOINT_FORMAT = 2
 #: settings a checkpoint may be resumed with changed, when asked (``fit(..., new_settings=True)``)
 RESUMABLE_CHANGES = ("steps", "lr", "grad_clip", "warmup")
+AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,10 @@ class TrainConfig:
         warmup: steps of linear learning-rate warm-up, then constant (as the official code).
         ema_decay: decay of the parameter EMA used for sampling.
         grad_clip: clip the global gradient norm to this value; ``None`` = no clipping.
-        amp: fp16 mixed precision with loss scaling on CUDA (ignored elsewhere).
+        amp: mixed precision. ``True``: float16 autocast with loss scaling on CUDA, off on other
+            devices. ``"float16"`` or ``"bfloat16"``: that autocast dtype on any device, the CPU
+            included (float16 with loss scaling), e.g. to exercise a GPU's AMP path on a CPU.
+            ``False``: full float32.
         seed: seeds initialisation-independent randomness: data order, ``t``, ``eps``.
         log_every: steps between progress-bar updates.
     """
@@ -64,7 +68,7 @@ class TrainConfig:
     warmup: int = 100
     ema_decay: float = 0.999
     grad_clip: float | None = None
-    amp: bool = True
+    amp: bool | str = True
     seed: int = 0
     log_every: int = 10
 
@@ -86,6 +90,14 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1) (e.g. (0.99, 0.999)), got {self.betas!r}")
         if self.grad_clip is not None and not (_finite_number(self.grad_clip) and self.grad_clip > 0):
             raise ValueError(f"grad_clip must be a number > 0 or None, got {self.grad_clip!r}")
+        if not isinstance(self.amp, bool) and self.amp not in AMP_DTYPES:
+            raise ValueError(f"amp must be True, False, 'float16' or 'bfloat16', got {self.amp!r}")
+
+    def amp_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The autocast dtype on ``device``, or ``None`` for full precision (see ``amp``)."""
+        if self.amp is True:
+            return torch.float16 if device.type == "cuda" else None
+        return AMP_DTYPES[self.amp] if self.amp else None
 
 
 def _finite_number(value: Any) -> bool:
@@ -249,8 +261,8 @@ class Trainer:
             self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._warmup_factor(s))
-        self.amp = config.amp and self.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.amp_dtype = config.amp_dtype(self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
 
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step = 0
@@ -294,7 +306,7 @@ class Trainer:
         """One optimisation step; returns the (global-batch mean) loss.
 
         Raises :class:`NonFiniteLossError` before the optimizer step when the loss or (without
-        AMP, whose loss scaler skips such steps itself) the gradient norm is not finite.
+        float16 loss scaling, whose scaler skips such steps itself) the gradient norm is not finite.
         """
         step = self.step + 1
         due = self._due(step)
@@ -302,7 +314,7 @@ class Trainer:
             cb.on_step_start(self, step)
         x0, t, noise = self._next_batch()
         self.model.train()
-        with torch.autocast("cuda", dtype=torch.float16, enabled=self.amp):
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             loss = eps_loss(self.net, x0, self.schedule, t=t, noise=noise)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -311,7 +323,7 @@ class Trainer:
             raise self._diverged(step, f"the loss became {value}")
         self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf))
-        if not self.amp and not math.isfinite(grad_norm):
+        if not self.scaler.is_enabled() and not math.isfinite(grad_norm):
             raise self._diverged(step, f"the gradient norm became {grad_norm}")
         for cb in due:
             cb.on_backward_end(self, step)

@@ -619,6 +619,19 @@ def test_book_builds_without_warnings(built_book: Path):
     assert f"url={PAGES[0].docname}.html" in index, "index.html should redirect to the TOC's root page"
 
 
+def test_launch_buttons_open_the_configured_repository(built_book: Path):
+    """Every chapter's Colab button, like its install cell, points at _config.yml's repository and branch."""
+    import yaml
+
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]
+    slug, branch = repo["url"].removeprefix("https://github.com/"), repo.get("branch", "main")
+    for page in PAGES:
+        if page.source.suffix == ".ipynb":
+            html = page.html.read_text(encoding="utf-8")
+            colab = f"https://colab.research.google.com/github/{slug}/blob/{branch}/{page.docname}.ipynb"
+            assert colab in html, f"{page.docname}: no Colab launch link {colab}"
+
+
 def numbered_chapters() -> list[str]:
     """The documents of the ``numbered: true`` parts of ``_toc.yml``, in order: chapter 1, 2, ..."""
     import yaml

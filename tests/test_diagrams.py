@@ -116,9 +116,12 @@ def test_init_norms_compares_norms_at_initialisation_with_the_sum_of_kappa_squar
     methods = ["none", "cs", "block-output", "ls"]
     table = init_norms("uvit-ci", x, t, methods, kappa=0.5, seed=3)
     assert list(table.index) == methods
-    assert list(table.columns) == ["sum_kappa2", "output_sq", "hidden_sq_mean", "hidden_sq_1", "hidden_sq_2"]
+    assert list(table.columns) == ["sum_kappa2", "tail_kappa2_mean", "output_sq", "hidden_sq_mean", "hidden_sq_1",
+                                   "hidden_sq_2"]
     assert table.equals(init_norms("uvit-ci", x, t, methods, kappa=0.5, seed=3))  # seeded
     assert list(table["sum_kappa2"][:3]) == pytest.approx([2.0, 1.25, 1.25])  # block-output: its paths
+    # mean over i of sum_{j >= i} kappa_j^2: none (2 + 1) / 2, CS (1.25 + 0.25) / 2
+    assert list(table["tail_kappa2_mean"][:2]) == pytest.approx([1.5, 0.75])
 
     torch.manual_seed(3)  # the same initialisation, measured by hand
     model = build_model("uvit-ci", 1, 16, "ls").eval()

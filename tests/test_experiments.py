@@ -1,7 +1,11 @@
 """Tests of scalelong_edu.experiments and the command line: caching, provenance, interruption."""
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +203,18 @@ def test_cli_failures_print_one_line_and_exit_non_zero(capsys, monkeypatch):
     assert err.count("\n") == 1 and "dataset 'cifar10'" in err and "use --profile cpu" in err
     with pytest.raises(RuntimeError, match="cifar10"):
         main(["--traceback", "run", "quick", "--profile", "gpu", "--no-progress"])
+
+
+CLI_WORKER = Path(__file__).with_name("cli_worker.py")
+
+
+def test_under_torchrun_only_rank_0_reports_and_writes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SCALELONG_RESULTS": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(CLI_WORKER)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("quick (tiny profile)") == 1 and run.stdout.count("run 1/2: none") == 1
+    assert run.stdout.count("result:") == 1
+    assert [p.name for p in tmp_path.iterdir()] == [next(tmp_path.glob("quick-tiny-*.json")).name]

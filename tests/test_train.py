@@ -255,6 +255,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     (dict(ema_decay=1.5), "ema_decay must be in \\[0, 1\\).*got 1.5"),
     (dict(grad_clip=0), "grad_clip must be .*got 0"),
     (dict(betas=(0.9, 1.2)), "betas must be two numbers in \\[0, 1\\).*1.2"),
+    (dict(amp="fp8"), "amp must be True, False, 'float16' or 'bfloat16', got 'fp8'"),
 ])
 def test_bad_config_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
