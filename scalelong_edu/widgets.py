@@ -95,7 +95,7 @@ def kappa_table(n_skips: int = 6, kappa: float = 0.5,
     Columns ``skip 1 .. skip N`` are the effective ``kappa_i``, the total factor on the path through skip
     ``i`` (:func:`scalelong_edu.scaling.path_factors`): the coefficient on the skip itself for the
     skip-scaling methods, and ``eta ** (i - 1)`` for ``block-output``, whose skips are unscaled but
-    whose paths ride the stream through ``i - 1`` merges scaled by ``eta``. Column ``bottleneck`` is
+    whose paths ride the stream through ``i - 1`` merges scaled by ``eta``. Column ``B`` is
     the factor on the path through the bottleneck: 1 except for ``block-output`` (``eta ** N``).
     ``Σκ_i² (paths)`` sums the squared skip-path factors, the paper's ``sum_i kappa_i^2`` (Theorem 3.1);
     for ``block-output`` it is that sum read over paths, which is what ``kappa_i`` stands for when
@@ -111,7 +111,7 @@ def kappa_table(n_skips: int = 6, kappa: float = 0.5,
         factors = path_factors(_check_method(method), k, n)
         label = {"cs": f"cs, κ={k:g}", "block-output": f"block-output, η={k:g}"}.get(method, method)
         rows[label] = factors + [sum_kappa_squared(factors[:n])]
-    columns = [f"skip {i}" for i in range(1, n + 1)] + ["bottleneck", "Σκ_i² (paths)"]
+    columns = [f"skip {i}" for i in range(1, n + 1)] + ["B", "Σκ_i² (paths)"]
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
 
 
