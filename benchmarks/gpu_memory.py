@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from scalelong_edu.data import list_datasets
+from scalelong_edu.data import dataset_info
 from scalelong_edu.diffusion import eps_loss, linear_schedule
 from scalelong_edu.models import build_model, count_parameters
 from scalelong_edu.profiles import PROFILES, Profile
@@ -50,7 +50,7 @@ def saved_activation_bytes(model: torch.nn.Module, channels: int, size: int, bat
 
 def estimate(preset: str, method: str, profile: Profile, batches: tuple[int, int] = (4, 8)) -> dict[str, float]:
     """GiB of state, activations (extrapolated to the profile's batch), workspace and the peak."""
-    channels = next(d.channels for d in list_datasets() if d.name == profile.dataset)
+    channels = dataset_info(profile.dataset).channels
     torch.manual_seed(0)
     model = build_model(preset, channels, profile.image_size, method)
     small, large = (saved_activation_bytes(model, channels, profile.image_size, b) for b in batches)

@@ -17,7 +17,7 @@ import argparse
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalelong_edu.data import list_datasets
+from scalelong_edu.data import dataset_info
 from scalelong_edu.diffusion import eps_loss, linear_schedule
 from scalelong_edu.models import build_model, count_parameters
 from scalelong_edu.profiles import PROFILES, Profile
@@ -27,7 +27,7 @@ RUNS_PER_CHAPTER = 4
 
 def step_flops(preset: str, profile: Profile) -> tuple[int, int]:
     """(FLOPs of one training step at the profile's batch, parameter count)."""
-    channels = next(d.channels for d in list_datasets() if d.name == profile.dataset)
+    channels = dataset_info(profile.dataset).channels
     model = build_model(preset, channels, profile.image_size)
     x0 = torch.rand(profile.batch_size, channels, profile.image_size, profile.image_size) * 2 - 1
     with FlopCounterMode(display=False) as counter:

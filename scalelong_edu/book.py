@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .data import DatasetInfo, list_datasets
+from .data import DatasetInfo, dataset_info
 from .plotting import use_book_style
 from .profiles import Profile, get_profile
 from .train import pick_device
@@ -38,7 +38,7 @@ def setup(seed: int = 0) -> Setup:
     torch.manual_seed(seed)
     use_book_style()
     profile = get_profile()
-    info = next(d for d in list_datasets() if d.name == profile.dataset)
+    info = dataset_info(profile.dataset)
     env = Setup(profile, pick_device(), info)
     print(env)
     if "google.colab" in sys.modules:

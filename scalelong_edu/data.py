@@ -403,6 +403,13 @@ def data_root() -> Path:
     return Path.home() / ".cache" / "scalelong_edu"
 
 
+def dataset_info(name: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` of a registered dataset; an unknown name raises a ValueError listing the names."""
+    if name not in _DATASETS:
+        raise ValueError(f"Unknown dataset {name!r}. Available: {', '.join(_DATASETS)}")
+    return _DATASETS[name][0]
+
+
 def list_datasets() -> list[DatasetInfo]:
     """Every dataset :func:`load_dataset` knows, offline ones first."""
     return [info for info, _ in _DATASETS.values()]
@@ -432,8 +439,7 @@ def load_dataset(
         ValueError: unknown name or split, or ``image_size`` not a positive int.
         RuntimeError: an online dataset could neither be found nor downloaded.
     """
-    if name not in _DATASETS:
-        raise ValueError(f"Unknown dataset {name!r}. Available: {', '.join(_DATASETS)}")
+    dataset_info(name)
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r} for {name!r}. Valid splits: {', '.join(SPLITS)}")
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0):

@@ -257,9 +257,10 @@ def runs_dir(path: Path) -> Path:
     return path.with_suffix(".runs")
 
 
-def finished_runs(experiment: Experiment, path: Path) -> dict[int, dict[str, Any]]:
-    """The runs of ``experiment`` already trained towards ``path``, by index; damaged files are skipped."""
-    done = {}
+def finished_runs(experiment: Experiment, path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """The runs of ``experiment`` already trained towards ``path``, by index, and why any partial
+    file was unusable (a damaged file is skipped: its run is trained again)."""
+    done, damaged = {}, []
     for i, run in enumerate(experiment.runs):
         file = runs_dir(path) / f"{i}.json"
         if not file.exists():
@@ -270,9 +271,8 @@ def finished_runs(experiment: Experiment, path: Path) -> dict[int, dict[str, Any
                 raise ValueError("it belongs to another run")
             done[i] = _check_record(saved["record"])
         except (ValueError, KeyError, TypeError) as e:
-            print(f"[{experiment.name}] ignoring the damaged partial result {file} ({e}); training it again",
-                  flush=True)
-    return done
+            damaged.append(f"ignoring the damaged partial result {file} ({e}); training it again")
+    return done, damaged
 
 
 def run_experiment(
@@ -300,7 +300,9 @@ def run_experiment(
     dev = pick_device(device)
     if rank == 0:  # fail now, not after hours of training
         check_writable(path, "the experiment result")
-    done = {} if force else finished_runs(experiment, path)
+    done, damaged = ({}, []) if force else finished_runs(experiment, path)
+    for message in damaged:
+        say(message)
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -384,5 +386,5 @@ def cache_status(experiment: Experiment, profile: Profile) -> str:
             return f"cached, {load_result(path, experiment.name).describe()}"
         except DamagedResultError as e:
             return f"DAMAGED ({e})"
-    done = len(finished_runs(experiment, path)) if runs_dir(path).is_dir() else 0
+    done = len(finished_runs(experiment, path)[0]) if runs_dir(path).is_dir() else 0
     return f"{done} of {len(experiment.runs)} runs done" if done else "not cached"

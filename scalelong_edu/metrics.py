@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import __version__
-from .data import data_root, list_datasets, load_dataset
+from .data import data_root, dataset_info, load_dataset
 from .files import atomic_write
 
 FEATURE_DIM = 64  # width of the classifier's feature layer: the dimension of the FCD Gaussians
@@ -291,9 +291,7 @@ def get_feature_classifier(
     Raises:
         ValueError: unknown or unlabelled dataset, ``image_size`` or ``train_steps`` not a positive int.
     """
-    info = {i.name: i for i in list_datasets()}.get(dataset)
-    if info is None:
-        raise ValueError(f"Unknown dataset {dataset!r}. Available: {', '.join(i.name for i in list_datasets())}")
+    info = dataset_info(dataset)
     if info.num_classes < 2:
         raise ValueError(
             f"Dataset {dataset!r} has no class labels, so no feature classifier can be trained on it; "

@@ -140,17 +140,18 @@ def pick_device(preferred: str | None = None) -> torch.device:
             device = torch.device(name)
         except RuntimeError:
             raise ValueError(f"unknown device {name!r}; use cpu, cuda, cuda:0, ... or mps") from None
-        mps = getattr(torch.backends, "mps", None)
-        if (device.type == "cuda" and not torch.cuda.is_available()) or (
-            device.type == "mps" and not (mps is not None and mps.is_available())
-        ):
+        if (device.type == "cuda" and not torch.cuda.is_available()) or (device.type == "mps" and not _mps_available()):
             raise ValueError(f"device {name!r} is not available on this machine; use cpu (or leave it unset)")
         return device
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if _mps_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 def init_distributed() -> tuple[int, int]:
