@@ -22,8 +22,8 @@ a second. The profile is --profile, else ${ENV_VAR}, else `gpu` with CUDA and `c
 
 examples:
   python -m scalelong_edu list
-  python -m scalelong_edu run uvit-methods --profile cpu
-  torchrun --standalone --nproc_per_node 2 -m scalelong_edu run uvit-methods --profile gpu
+  python -m scalelong_edu run uvit-gentle --profile cpu
+  torchrun --standalone --nproc_per_node 2 -m scalelong_edu run uvit-gentle --profile gpu
 """
 
 
@@ -69,7 +69,8 @@ def _command(args: argparse.Namespace) -> None:
         profile = get_profile(args.profile)
         print(f"profile: {profile.name}")
         for e in EXPERIMENTS.values():
-            print(f"  {e.name:16s} {len(e.runs):2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
+            n = len(e.plan(profile))
+            print(f"  {e.name:16s} {n:2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
     else:
         result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
                                 progress=not args.no_progress)
@@ -80,7 +81,7 @@ def _command(args: argparse.Namespace) -> None:
             last = r["history"].get("loss", [])[-100:]
             loss = sum(last) / max(len(last), 1)
             status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
-            print(f"  {r['label']:28s} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
+            print(f"  {r['label']:22s} seed {r['run']['seed']} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
         if result.path:
             print(f"result: {result.path}")
 

@@ -1,11 +1,20 @@
 """Named experiments: the training runs the chapters show, cached with their provenance.
 
 An :class:`Experiment` is a list of :class:`RunSpec` (backbone, skip-scaling method, kappa,
-learning rate, ...) measured the same way; the profile (:mod:`scalelong_edu.profiles`) fills
-in dataset, model size, batch and steps. :func:`run_experiment` returns the cached result when
-one exists for exactly this spec and otherwise trains every run, records the probes
-(:mod:`scalelong_edu.probes`) every ``eval_every`` steps, draws samples from the EMA model, and
-writes the result atomically to ``results_dir()/<name>-<profile>-<hash>.json``. The hash covers
+regime or learning rate, ...) measured the same way, each run repeated over the profile's
+seeds; the profile (:mod:`scalelong_edu.profiles`) fills in dataset, model size, batch, steps
+and the learning rate of each regime. :func:`run_experiment` returns the cached result when
+one exists for exactly this spec and otherwise trains every run and measures it the same way:
+
+* every ``eval_every`` steps (and at step 0), the probes of :func:`scalelong_edu.probes.probe_fixed_batch`
+  on one fixed held-out batch stratified over ``t`` (:func:`scalelong_edu.probes.probe_batch`, the
+  same for every run), and Adam's moments;
+* every step, the training batch's loss and gradient norm (the run's ``history``);
+* at the end, on the EMA model: robustness to input noise, Lipschitz factors of every block,
+  and a grid of samples.
+
+A run that the trainer's NaN guard stops is a result: it is kept, with ``diverged_at`` set.
+The result is written atomically to ``results_dir()/<name>-<profile>-<hash>.json.gz``. The hash covers
 the full spec, so changing any setting can never pick up a stale result, and a file is checked
 on load (its schema, and that its stored spec hashes to its name). Each finished run is kept in
 ``<name>-<profile>-<hash>.runs/`` until the experiment completes, so an interrupted experiment
@@ -16,13 +25,15 @@ From the shell: ``python -m scalelong_edu list`` and ``python -m scalelong_edu r
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+import zlib
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,14 +41,16 @@ import torch
 
 from . import __version__
 from .data import data_root, load_dataset
-from .diffusion import cosine_schedule, ddim_sample, linear_schedule
+from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
 from .files import atomic_write, check_writable
 from .models import build_model, count_parameters
-from .probes import ProbeRecorder, robustness, to_frame
+from .probes import ProbeRecorder, lipschitz, probe_batch, robustness, to_frame
 from .profiles import Profile, get_profile
 from .train import Callback, NonFiniteLossError, TrainConfig, Trainer, init_distributed, pick_device
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+SUFFIX = ".json.gz"
+"""Cached results are gzipped JSON: the probe columns repeat a few names thousands of times."""
 SCHEDULES: dict[str, Callable] = {"linear": linear_schedule, "cosine": cosine_schedule}
 
 
@@ -49,17 +62,21 @@ class RunSpec:
         label: the legend entry, e.g. ``"CS (kappa=0.5)"``.
         backbone: ``"uvit"`` or ``"unet"``: the profile's preset of that family.
         method, kappa: the skip scaling (:func:`scalelong_edu.scaling.make_scaling`).
-        lr: peak learning rate.
+        regime: ``"gentle"`` or ``"stress"``: the profile's learning rate of that regime.
+        lr_scale: a factor on the regime's learning rate (a learning-rate sweep).
+        lr: a peak learning rate that replaces the regime's, or ``None``.
         grad_clip: global gradient-norm clip, or ``None``.
         model_overrides: preset arguments to replace, e.g. ``(("depth", 20),)``.
-        seed: weight initialisation and data order.
+        seed: weight initialisation and data order (set by :meth:`Experiment.plan`).
     """
 
     label: str
     backbone: str = "uvit"
     method: str = "none"
     kappa: float = 0.5
-    lr: float = 2e-4
+    regime: str = "gentle"
+    lr_scale: float = 1.0
+    lr: float | None = None
     grad_clip: float | None = None
     model_overrides: tuple[tuple[str, Any], ...] = ()
     seed: int = 0
@@ -71,41 +88,73 @@ class Experiment:
 
     Attributes:
         name, description: what ``python -m scalelong_edu list`` shows.
-        runs: the runs, in legend order.
+        runs: the runs, in legend order; each is trained once per seed.
         schedule: ``"linear"`` or ``"cosine"`` (T = 1000).
         robustness_sigmas: sigma_delta values of the end-of-training robustness probe (Thm 3.4).
         adam_stats: record Adam's moments at every evaluation.
+        seeds: seeds per run; ``None`` takes the profile's ``seeds``.
+        step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
+            has to find a setting can run shorter).
     """
 
     name: str
     description: str
     runs: tuple[RunSpec, ...]
     schedule: str = "linear"
-    robustness_sigmas: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+    robustness_sigmas: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
     adam_stats: bool = True
+    seeds: int | None = None
+    step_fraction: float = 1.0
+
+    def steps(self, profile: Profile) -> int:
+        """Training steps of every run under ``profile``."""
+        return max(1, round(profile.steps * self.step_fraction))
+
+    def plan(self, profile: Profile) -> tuple[RunSpec, ...]:
+        """Every run to train, seed by seed (all runs of seed 0 first, so an interrupted
+        experiment has every method at the same number of seeds), with its learning rate set."""
+        seeds = self.seeds if self.seeds is not None else profile.seeds
+        def lr(run: RunSpec) -> float:
+            return run.lr if run.lr is not None else run.lr_scale * profile.learning_rate(run.backbone, run.regime)
+
+        return tuple(replace(run, seed=seed, lr=lr(run)) for seed in range(seeds) for run in self.runs)
 
     def spec(self, profile: Profile) -> dict[str, Any]:
-        """The full, JSON-able description that keys the cache."""
-        return {"cache_version": CACHE_VERSION, "experiment": asdict(self), "profile": profile.as_dict()}
+        """The full, JSON-able description that keys the cache: the runs as trained (seeds and
+        learning rates resolved) and the profile's sizes."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction")}
+        sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds")}
+        sizes["steps"] = self.steps(profile)
+        return {"cache_version": CACHE_VERSION, "experiment": settings,
+                "runs": [asdict(run) for run in self.plan(profile)], "profile": sizes}
 
 
-def _methods(kappa: float = 0.5, **common) -> tuple[RunSpec, ...]:
-    return (
-        RunSpec("none", method="none", **common),
-        RunSpec("1/sqrt(2)-CS", method="sqrt2-cs", **common),
-        RunSpec(f"CS (kappa={kappa:g})", method="cs", kappa=kappa, **common),
-        RunSpec("LS", method="ls", **common),
-    )
+BACKBONES = {"uvit": "U-ViT", "unet": "conv UNet"}
+"""The two backbones every comparison trains, with their names in the book."""
+REGIMES = ("gentle", "stress")
+
+METHODS = (("none", "none", 1.0), ("1/sqrt(2)-CS", "sqrt2-cs", 1.0), ("CS (kappa=0.5)", "cs", 0.5), ("LS", "ls", 1.0))
+"""The methods every comparison runs: label, :func:`scalelong_edu.scaling.make_scaling` name, kappa."""
+
+
+def _methods(backbone: str, regime: str) -> tuple[RunSpec, ...]:
+    return tuple(RunSpec(label, backbone, method, kappa, regime=regime) for label, method, kappa in METHODS)
+
+
+def _lr_sweep(backbone: str, scales: tuple[float, ...] = (1, 4, 8, 16)) -> tuple[RunSpec, ...]:
+    return tuple(RunSpec(f"{label}, lr x{k:g}", backbone, method, lr_scale=k)
+                 for k in scales for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs")))
 
 
 EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
-        Experiment("uvit-methods", "U-ViT: no scaling vs 1/sqrt(2)-CS vs CS vs LS (feature/gradient stability)",
-                   _methods()),
-        Experiment("unet-methods", "conv UNet: no scaling vs 1/sqrt(2)-CS vs CS vs LS", _methods(backbone="unet")),
-        Experiment("uvit-lr-stress", "U-ViT at a 15x learning rate (3e-3): where stability differences show",
-                   _methods(lr=3e-3)),
+        *(Experiment(f"{b}-{regime}", f"{name}, {regime} regime: none vs 1/sqrt(2)-CS vs CS vs LS",
+                     _methods(b, regime))
+          for b, name in BACKBONES.items() for regime in REGIMES),
+        *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
+                     "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
+          for b, name in BACKBONES.items()),
         Experiment("kappa-sweep", "U-ViT with CS at kappa = 0.3 .. 1.0 (the paper suggests 0.5 to 0.95)",
                    tuple(RunSpec(f"kappa={k:g}", method="cs", kappa=k) for k in (0.3, 0.5, 0.7, 0.85, 1.0))),
         Experiment("depth-sweep", "U-ViT with N = 2, 6, 10 long skips: none vs 1/sqrt(2)-CS vs CS (reviewer Q3)",
@@ -119,6 +168,13 @@ EXPERIMENTS: dict[str, Experiment] = {
                    (RunSpec("LS shared", method="ls"), RunSpec("LS per skip", method="ls-per-skip"))),
     )
 }
+
+
+def comparison(profile: str | Profile | None = None, progress: bool = True) -> dict[tuple[str, str], ExperimentResult]:
+    """The method comparison chapters 3 to 5 share: the result of ``<backbone>-<regime>`` for
+    every backbone and regime, keyed ``(backbone, regime)`` (cached, else trained now)."""
+    return {(b, regime): run_experiment(f"{b}-{regime}", profile, progress=progress)
+            for b in BACKBONES for regime in REGIMES}
 
 
 def results_dir() -> Path:
@@ -138,7 +194,7 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 
 def cache_path(experiment: Experiment, profile: Profile) -> Path:
-    return results_dir() / f"{experiment.name}-{profile.name}-{spec_hash(experiment.spec(profile))}.json"
+    return results_dir() / f"{experiment.name}-{profile.name}-{spec_hash(experiment.spec(profile))}{SUFFIX}"
 
 
 @dataclass
@@ -150,28 +206,34 @@ class ExperimentResult:
     runs: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
 
+    @property
+    def labels(self) -> list[str]:
+        """The run labels in legend order (each label is trained once per seed)."""
+        return list(dict.fromkeys(r["label"] for r in self.runs))
+
     def history(self):
-        """Per-step training curves of every run: ``label, step, loss, grad_norm, lr``."""
+        """Per-step training curves of every run: ``label, seed, step, loss, grad_norm, lr``
+        (measured on each training batch)."""
         import pandas as pd
 
-        frames = [pd.DataFrame(r["history"]).assign(label=r["label"]) for r in self.runs]
+        frames = [pd.DataFrame(r["history"]).assign(label=r["label"], seed=r["run"]["seed"]) for r in self.runs]
         frame = pd.concat(frames, ignore_index=True)
-        return frame[["label", *(c for c in frame.columns if c != "label")]]
+        return frame[["label", "seed", *(c for c in frame.columns if c not in ("label", "seed"))]]
 
     def probes(self):
-        """All probe rows (:data:`scalelong_edu.probes.COLUMNS`) with a ``label`` column."""
+        """All probe rows (:data:`scalelong_edu.probes.COLUMNS`) with ``label`` and ``seed`` columns."""
         import pandas as pd
 
-        frames = [to_frame(_rows(r["probes"])).assign(label=r["label"]) for r in self.runs]
+        frames = [to_frame(_rows(r["probes"])).assign(label=r["label"], seed=r["run"]["seed"]) for r in self.runs]
         return pd.concat(frames, ignore_index=True)
 
-    def samples(self, label: str) -> torch.Tensor:
-        """The run's EMA samples as float images in [-1, 1], (n, C, H, W)."""
-        run = next((r for r in self.runs if r["label"] == label), None)
+    def samples(self, label: str, seed: int = 0) -> torch.Tensor:
+        """The EMA samples of run ``label`` with ``seed`` as float images in [-1, 1], (n, C, H, W)."""
+        run = next((r for r in self.runs if r["label"] == label and r["run"]["seed"] == seed), None)
         if run is None:
-            raise KeyError(f"no run labelled {label!r}; labels: {[r['label'] for r in self.runs]}")
+            raise KeyError(f"no run labelled {label!r} with seed {seed}; labels: {self.labels}")
         if run["diverged_at"] is not None:
-            raise ValueError(f"run {label!r} diverged at step {run['diverged_at']}: it has no samples")
+            raise ValueError(f"run {label!r} (seed {seed}) diverged at step {run['diverged_at']}: it has no samples")
         return torch.tensor(run["samples"], dtype=torch.float32) / 127.5 - 1
 
     def to_json(self) -> dict[str, Any]:
@@ -184,41 +246,45 @@ class ExperimentResult:
 
 
 class _ProbeEvery(Callback):
-    """Feature norms and kappas, gradient norms and Adam moments every ``every`` steps."""
+    """The fixed-batch probes and Adam's moments every ``every`` steps, after the update."""
 
-    def __init__(self, recorder: ProbeRecorder, every: int, adam: bool):
-        self.recorder, self.every, self.adam = recorder, every, adam
-        self._capture = None
-
-    def on_step_start(self, trainer: Trainer, step: int) -> None:
-        self._capture = self.recorder.capture(step)
-        self._capture.__enter__()
-
-    def on_backward_end(self, trainer: Trainer, step: int) -> None:
-        self._capture.__exit__(None, None, None)
-        self.recorder.after_backward(step)
+    def __init__(self, recorder: ProbeRecorder, every: int, batch: tuple, schedule, adam: bool):
+        self.recorder, self.every, self.batch, self.schedule, self.adam = recorder, every, batch, schedule, adam
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
+        self.recorder.fixed_batch(step, self.batch, self.schedule)
         if self.adam:
             self.recorder.after_step(step)
+
+
+def fixed_batch(profile: Profile, schedule: Schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``(x0, t, eps)`` every run of every experiment is probed on: the first ``batch_size``
+    held-out images, ``t`` stratified over the schedule (:func:`scalelong_edu.probes.probe_batch`)."""
+    test = load_dataset(profile.dataset, "test", image_size=profile.image_size).tensors()[0]
+    return probe_batch(test, profile.batch_size, schedule)
 
 
 def train_run(
     run: RunSpec, experiment: Experiment, profile: Profile, device: torch.device | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Train one run and measure it; returns its JSON-able record."""
+    """Train one run (a run of :meth:`Experiment.plan`: seed and learning rate set) and measure
+    it; returns its JSON-able record."""
+    if run.lr is None:
+        raise ValueError("run.lr is None: pass a run of experiment.plan(profile), which sets it")
     train = load_dataset(profile.dataset, "train", image_size=profile.image_size)
     images = train.tensors()[0]
     torch.manual_seed(run.seed)
     preset = profile.uvit if run.backbone == "uvit" else profile.unet
     model = build_model(preset, train.channels, profile.image_size, run.method, run.kappa, **dict(run.model_overrides))
     schedule = SCHEDULES[experiment.schedule]()
-    config = TrainConfig(steps=profile.steps, batch_size=profile.batch_size, lr=run.lr, warmup=profile.warmup,
-                         ema_decay=profile.ema_decay, grad_clip=run.grad_clip, seed=run.seed)
+    config = TrainConfig(steps=experiment.steps(profile), batch_size=profile.batch_size, lr=run.lr,
+                         warmup=profile.warmup, ema_decay=profile.ema_decay, grad_clip=run.grad_clip, seed=run.seed)
     trainer = Trainer(model, images, schedule, config, device=device, progress=progress,
                       spec={"run": asdict(run), "experiment": experiment.name, "profile": profile.name})
+    batch = tuple(x.to(trainer.device) for x in fixed_batch(profile, schedule))
     recorder = ProbeRecorder(trainer.model, trainer.optimizer)
-    trainer.callbacks.append(_ProbeEvery(recorder, profile.eval_every, experiment.adam_stats))
+    recorder.fixed_batch(0, batch, schedule)
+    trainer.callbacks.append(_ProbeEvery(recorder, profile.eval_every, batch, schedule, experiment.adam_stats))
 
     start, diverged_at = time.perf_counter(), None
     try:
@@ -230,11 +296,10 @@ def train_run(
     record: dict[str, Any] = {"label": run.label, "run": asdict(run), "parameters": count_parameters(model),
                               "diverged_at": diverged_at, "wall_time_s": wall, "history": _columns(trainer.history)}
     if diverged_at is None:
-        test = load_dataset(profile.dataset, "test", image_size=profile.image_size).tensors()[0]
-        x0 = test[: profile.batch_size].to(trainer.device)
-        t = torch.linspace(0, schedule.T - 1, len(x0)).round().long().to(trainer.device)
-        recorder.rows += robustness(trainer.ema, x0, t, schedule, experiment.robustness_sigmas, seed=run.seed,
-                                    step=trainer.step)
+        x0, t, _ = batch
+        recorder.rows += robustness(trainer.ema, x0, t, schedule, experiment.robustness_sigmas, step=trainer.step)
+        x_t = q_sample(*batch[:2], schedule, batch[2])
+        recorder.rows += lipschitz(trainer.ema, x_t, schedule.model_time(t), step=trainer.step)
         gen = torch.Generator(trainer.device).manual_seed(run.seed)
         samples = ddim_sample(trainer.ema, schedule, (profile.n_samples, *images.shape[1:]),
                               steps=profile.sample_steps, device=trainer.device, generator=gen)
@@ -244,24 +309,31 @@ def train_run(
 
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list]:
-    """Rows as one list per column: the cached JSON stays compact."""
-    return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
+    """Rows as one list per column, floats to 6 significant digits: the cached JSON stays compact."""
+    def compact(value: Any) -> Any:
+        return float(f"{value:.6g}") if isinstance(value, float) else value
+
+    return {key: [compact(row[key]) for row in rows] for key in (rows[0] if rows else {})}
 
 
 def _rows(columns: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
+def _stem(path: Path) -> str:
+    return path.name.removesuffix(SUFFIX)
+
+
 def runs_dir(path: Path) -> Path:
     """The folder that keeps the finished runs of an unfinished experiment cached at ``path``."""
-    return path.with_suffix(".runs")
+    return path.parent / f"{_stem(path)}.runs"
 
 
-def finished_runs(experiment: Experiment, path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """The runs of ``experiment`` already trained towards ``path``, by index, and why any partial
-    file was unusable (a damaged file is skipped: its run is trained again)."""
+def finished_runs(plan: tuple[RunSpec, ...], path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """The runs of ``plan`` (:meth:`Experiment.plan`) already trained towards ``path``, by index,
+    and why any partial file was unusable (a damaged file is skipped: its run is trained again)."""
     done, damaged = {}, []
-    for i, run in enumerate(experiment.runs):
+    for i, run in enumerate(plan):
         file = runs_dir(path) / f"{i}.json"
         if not file.exists():
             continue
@@ -300,7 +372,8 @@ def run_experiment(
     dev = pick_device(device)
     if rank == 0:  # fail now, not after hours of training
         check_writable(path, "the experiment result")
-    done, damaged = ({}, []) if force else finished_runs(experiment, path)
+    plan = experiment.plan(profile)
+    done, damaged = ({}, []) if force else finished_runs(plan, path)
     for message in damaged:
         say(message)
     result = ExperimentResult(
@@ -310,13 +383,13 @@ def run_experiment(
                     "platform": platform.platform(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
     )
     if done:
-        say(f"{len(done)} of {len(experiment.runs)} runs already done in {runs_dir(path)}; continuing")
+        say(f"{len(done)} of {len(plan)} runs already done in {runs_dir(path)}; continuing")
     start = time.perf_counter()
-    for i, run in enumerate(experiment.runs):
+    for i, run in enumerate(plan):
         if i in done:
             result.runs.append(done[i])
             continue
-        say(f"run {i + 1}/{len(experiment.runs)}: {run.label}")
+        say(f"run {i + 1}/{len(plan)}: {run.label}, seed {run.seed}, lr {run.lr:g}")
         record = train_run(run, experiment, profile, dev, progress)
         if rank == 0:
             saved = {"run": asdict(run), "record": record}
@@ -324,7 +397,8 @@ def run_experiment(
         result.runs.append(record)
     result.provenance["wall_time_s"] = time.perf_counter() - start + sum(r["wall_time_s"] for r in done.values())
     if rank == 0:  # under torchrun only rank 0 writes
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result.to_json(), separators=(",", ":"))))
+        text = json.dumps(result.to_json(), separators=(",", ":")).encode()
+        atomic_write(path, lambda tmp: tmp.write_bytes(gzip.compress(text, mtime=0)))
         shutil.rmtree(runs_dir(path), ignore_errors=True)
         result.path = path
     return result
@@ -359,18 +433,18 @@ def load_result(path: str | Path, name: str | None = None) -> ExperimentResult:
     (``name``, default from the file name, is the experiment to name there).
     """
     path = Path(path)
-    name = name or path.name.rsplit("-", 2)[0]
+    name = name or _stem(path).rsplit("-", 2)[0]
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(gzip.decompress(path.read_bytes()))
         if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
             raise ValueError("no 'spec' object")
         if not isinstance(data.get("provenance"), dict) or not isinstance(data.get("runs"), list):
             raise ValueError("no 'provenance' object or 'runs' list")
         for record in data["runs"]:
             _check_record(record)
-        if path.stem.rsplit("-", 1)[-1] != spec_hash(data["spec"]):
+        if _stem(path).rsplit("-", 1)[-1] != spec_hash(data["spec"]):
             raise ValueError("its stored spec does not hash to its file name (edited?)")
-    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+    except (ValueError, UnicodeDecodeError, OSError, EOFError, zlib.error) as e:  # gzip raises the last three
         raise DamagedResultError(
             f"cached result {path} is damaged: {e}; recompute it with "
             f"`python -m scalelong_edu run {name} --force` (or run_experiment({name!r}, force=True))"
@@ -386,5 +460,6 @@ def cache_status(experiment: Experiment, profile: Profile) -> str:
             return f"cached, {load_result(path, experiment.name).describe()}"
         except DamagedResultError as e:
             return f"DAMAGED ({e})"
-    done = len(finished_runs(experiment, path)[0]) if runs_dir(path).is_dir() else 0
-    return f"{done} of {len(experiment.runs)} runs done" if done else "not cached"
+    plan = experiment.plan(profile)
+    done = len(finished_runs(plan, path)[0]) if runs_dir(path).is_dir() else 0
+    return f"{done} of {len(plan)} runs done" if done else "not cached"

@@ -19,7 +19,13 @@ The probes, and what they measure:
 * :func:`adam_stats` -- Adam's moments per block (the reviewer's question 2: do parameters
   oscillate less when the skips are scaled?);
 * :func:`robustness` -- how much the prediction and the loss move when extra Gaussian noise is
-  added to the network input (Theorem 3.4, Fig. 3c).
+  added to the network input (Theorem 3.4, Fig. 3c);
+* :func:`lipschitz` -- the local Lipschitz factor of every block and of the whole network, by
+  power iteration on Jacobian-vector products (:func:`jacobian_norm`; Theorem 3.4's ``M_0``).
+
+Norms measured on each training batch mix the draw of ``t`` and ``eps`` with the change of the
+weights. :func:`probe_fixed_batch` measures features, loss and gradients on one fixed batch
+(:func:`probe_batch`, stratified over ``t``) instead, so that a change means the weights moved.
 
 :class:`ProbeRecorder` runs them from a training loop::
 
@@ -30,7 +36,8 @@ The probes, and what they measure:
             loss.backward()
         rec.after_backward(step)       # gradient norms
         opt.step(); opt.zero_grad()
-        rec.after_step(step)           # Adam moments
+        rec.after_step(step)           # Adam moments (and sign flips since the last call)
+        rec.fixed_batch(step, batch, schedule)  # the same probes on one fixed batch
     frame = rec.to_frame()
 
 All values are Python floats, computed in float32 from detached tensors (also under
@@ -42,10 +49,11 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .diffusion import Schedule, q_sample
 
@@ -92,9 +100,11 @@ class FeatureNorms:
     * ``norm`` -- the per-sample L2 norm ``||h_b||``;
     * ``sq_norm`` -- the per-sample squared norm ``||h_b||^2``, the theorem's quantity;
 
-    and, once per forward pass, ``kappa`` for every skip (``block=None``): the mean coefficient the
-    skip-scaling object applied to that batch's encoder outputs (the LS gate averaged over samples
-    and channels/tokens; the constant for CS).
+    and, once per forward pass, for every skip (``block=None``) the effective coefficient the
+    skip-scaling object applied to that batch's encoder outputs: ``kappa``, the mean (the LS gate
+    averaged over samples and channels/tokens; the constant for CS), and ``kappa_rms``, the root
+    mean square, whose squares sum to the theorems' ``sum_i E[kappa_i^2]``
+    (:meth:`scalelong_edu.scaling.SkipScaling.effective_kappas`).
 
     Hooks exist only between ``__enter__`` and ``__exit__``; rows become floats at exit.
 
@@ -131,8 +141,10 @@ class FeatureNorms:
         if block == "a":
             self._skips[i] = h
             if len(self._skips) == self.model.n_skips:  # the encoder is done: every skip is known
-                kappas = self.model.scaling.effective_kappas([self._skips[j] for j in sorted(self._skips)])
-                self._pending += [(None, j, "kappa", k) for j, k in enumerate(kappas.tolist(), start=1)]
+                skips = [self._skips[j] for j in sorted(self._skips)]
+                for quantity, statistic in (("kappa", "mean"), ("kappa_rms", "rms")):
+                    kappas = self.model.scaling.effective_kappas(skips, statistic)
+                    self._pending += [(None, j, quantity, k) for j, k in enumerate(kappas.tolist(), start=1)]
                 self._skips = {}
 
 
@@ -160,35 +172,52 @@ def grad_norms(model: nn.Module, step: int | None = None) -> list[Row]:
     return [_row(step, "grads", block, i, "grad_norm", _grad_norm(params).item()) for block, i, params in groups]
 
 
-def _adam_sums(state: dict, group: dict) -> Tensor:
-    """``[sum |m|, sum v, sum |m_hat| / (sqrt(v_hat) + eps)]`` over one parameter's elements, (3,)."""
+def _adam_sums(state: dict, group: dict, previous: Tensor | None) -> Tensor:
+    """Sums over one parameter's elements: ``|m|``, ``v``, Adam's step ``|m_hat| / (sqrt(v_hat) + eps)``,
+    ``log v``, ``(log v)^2`` and the sign flips of ``m`` since ``previous`` (its sign bits), (6,)."""
     m, v = state["exp_avg"], state["exp_avg_sq"]
     beta1, beta2 = (float(b) for b in group["betas"])
     t = float(state["step"])
     v_used = state["max_exp_avg_sq"] if group["amsgrad"] else v
     update = (m.abs() / (1 - beta1**t)) / (v_used.sqrt() / math.sqrt(1 - beta2**t) + float(group["eps"]))
-    return torch.stack([m.abs().sum(), v.sum(), update.sum()]).float()
+    log_v = v.double().clamp_min(1e-30).log()  # float64: the variance below is a difference of sums
+    flips = (m.signbit() != previous).sum() if previous is not None else torch.zeros(())
+    sums = [m.abs().sum(), v.sum(), update.sum(), log_v.sum(), log_v.square().sum(), flips]
+    return torch.stack([x.double() for x in sums])
 
 
-def adam_stats(optimizer: torch.optim.Optimizer, model: nn.Module, step: int | None = None) -> list[Row]:
+ADAM_QUANTITIES = ("exp_avg_abs", "exp_avg_sq", "update_size", "log_v_std", "m_sign_flip")
+"""What :func:`adam_stats` records per block, in order."""
+
+
+def adam_stats(
+    optimizer: torch.optim.Optimizer, model: nn.Module, step: int | None = None, signs: dict | None = None
+) -> list[Row]:
     """Adam's moment statistics per block ``a_i``, ``b_i`` and for the whole model.
 
     The reviewer asks (question 2) for direct evidence that parameters oscillate less with scaled
     skips, by comparing Adam's ``m`` and ``v``: a gradient that keeps flipping sign leaves ``|m|``
-    small next to ``sqrt(v)``. Averaged over all elements of a block's parameters:
+    small next to ``sqrt(v)``. Over all elements of a block's parameters:
 
     * ``exp_avg_abs`` -- mean ``|m|`` (first moment, as stored);
     * ``exp_avg_sq`` -- mean ``v`` (second moment, as stored);
     * ``update_size`` -- mean ``|m_hat| / (sqrt(v_hat) + eps)`` with Adam's bias corrections
       ``m_hat = m / (1 - beta1^t)``, ``v_hat = v / (1 - beta2^t)`` (``max v`` under amsgrad): the
       size of the step Adam takes per element, in units of the learning rate (weight decay aside).
-      Near 1 means consistent gradients; near 0 means they cancel out.
+      Near 1 means consistent gradients; near 0 means they cancel out;
+    * ``log_v_std`` -- the standard deviation of ``ln v`` over the elements: the spread of the
+      second moments (1 means a typical factor of e between elements);
+    * ``m_sign_flip`` -- with ``signs``: the fraction of elements whose ``m`` changed sign since
+      the previous call with the same dict (not recorded at the first call). A parameter that oscillates
+      flips its momentum often.
 
     Parameters without optimizer state (before the first ``optimizer.step()``, or never given a
     gradient) are left out; a block none of whose parameters has state gives no rows.
 
     Args:
         optimizer: a ``torch.optim.Adam`` or ``AdamW`` holding the model's parameters.
+        signs: a dict kept between calls (``{}`` at first), updated in place with the sign bits
+            of every ``m``; without it ``m_sign_flip`` is not recorded.
     """
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise TypeError(f"adam_stats needs torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
@@ -201,12 +230,16 @@ def adam_stats(optimizer: torch.optim.Optimizer, model: nn.Module, step: int | N
         held = [p for p in params if "exp_avg" in optimizer.state.get(p, {})]
         if not held:
             continue
-        sums = torch.stack([_adam_sums(optimizer.state[p], settings[p]) for p in held]).sum(0).tolist()
+        previous = {p: signs.get(p) if signs is not None else None for p in held}
+        sums = torch.stack([_adam_sums(optimizer.state[p], settings[p], previous[p]) for p in held]).sum(0).tolist()
         count = sum(p.numel() for p in held)
-        rows += [
-            _row(step, "adam", block, i, quantity, total / count)
-            for quantity, total in zip(("exp_avg_abs", "exp_avg_sq", "update_size"), sums)
-        ]
+        abs_m, v, update, log_v, log_v2, flips = (total / count for total in sums)
+        values = [abs_m, v, update, math.sqrt(max(log_v2 - log_v * log_v, 0.0))]
+        if signs is not None and all(previous[p] is not None for p in held):
+            values.append(flips)
+        rows += [_row(step, "adam", block, i, q, value) for q, value in zip(ADAM_QUANTITIES, values)]
+    if signs is not None:
+        signs.update({p: optimizer.state[p]["exp_avg"].signbit() for p in groups[-1][2] if p in optimizer.state})
     return rows
 
 
@@ -273,6 +306,124 @@ def robustness(
     return rows
 
 
+def probe_batch(images: Tensor, n: int, schedule: Schedule, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """A fixed evaluation batch ``(x0, t, eps)``, stratified over time.
+
+    Probing every run on the same batch makes a change in a probed norm mean a change in the
+    weights, not a fresh draw of ``t`` and ``eps``. ``x0`` are the first ``n`` of ``images``
+    (use held-out images), ``t`` spreads evenly over the schedule's ``T`` steps (one stratum
+    per sample, ``linspace(0, T - 1, n)`` rounded) and ``eps`` comes from a generator seeded
+    with ``seed``.
+
+    Returns:
+        ``x0`` (n, C, H, W), ``t`` (n,) long, ``eps`` (n, C, H, W), on ``images``' device.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(images):
+        raise ValueError(f"n must be an int in [1, {len(images)}] (the images available), got {n!r}")
+    x0 = images[:n]
+    t = torch.linspace(0, schedule.T - 1, n, device=x0.device).round().long()
+    generator = torch.Generator(device=x0.device).manual_seed(seed)
+    eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+    return x0, t, eps
+
+
+def probe_fixed_batch(
+    model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], schedule: Schedule, step: int | None = None
+) -> list[Row]:
+    """Feature norms, kappas, the loss and block gradient norms of ``model`` on one fixed batch.
+
+    One forward and backward pass of Eq. (2) on ``batch`` (:func:`probe_batch`) in eval mode:
+    the rows of :class:`FeatureNorms`, a ``probe="fixed"``, ``quantity="loss"`` row, and the
+    rows of :func:`grad_norms` for the gradient of that loss. Gradients are cleared afterwards
+    (set to ``None``), so call it after ``optimizer.step()``, never between backward and step.
+    """
+    x0, t, eps = batch
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with FeatureNorms(model, step) as features:
+            pred = model(q_sample(x0, t, schedule, eps), schedule.model_time(t))
+        loss = (pred.float() - eps.float()).square().mean()
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        rows = [*features.rows, _row(step, "fixed", "model", None, "loss", loss.item()), *grad_norms(model, step)]
+        model.zero_grad(set_to_none=True)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return rows
+
+
+def jacobian_norm(f: Callable[[Tensor], Tensor], x: Tensor, iters: int = 10, seed: int = 0) -> Tensor:
+    """Per-sample spectral norm of the Jacobian of ``f`` at ``x``, by power iteration on ``J^T J``.
+
+    ``f`` must treat the samples of the batch independently (true of the book's models and
+    blocks in eval mode), so its batch Jacobian is block-diagonal and each sample's block is
+    iterated on its own: ``v <- J^T J v / ||J^T J v||`` (Jacobian-vector products by double
+    backward), then ``||J v||``. The estimate approaches the largest singular value from below.
+
+    Returns:
+        (B,) float32: the local Lipschitz factor of ``f`` at each sample.
+    """
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    generator = torch.Generator(device=x.device).manual_seed(seed)
+    x = x.detach().float()
+
+    def per_sample_unit(v: Tensor) -> Tensor:
+        return v / torch.linalg.vector_norm(v.flatten(1), dim=1).clamp_min(1e-30).view(-1, *[1] * (v.dim() - 1))
+
+    v = per_sample_unit(torch.randn(x.shape, generator=generator, device=x.device))
+    with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no double backward
+        for _ in range(iters):
+            jv = torch.autograd.functional.jvp(f, x, v)[1]
+            v = per_sample_unit(torch.autograd.functional.vjp(f, x, jv)[1])
+        jv = torch.autograd.functional.jvp(f, x, v)[1]
+    return torch.linalg.vector_norm(jv.flatten(1), dim=1).detach()
+
+
+def lipschitz(model: nn.Module, x_t: Tensor, time: Tensor, iters: int = 10, seed: int = 0,
+              step: int | None = None) -> list[Row]:
+    """Local Lipschitz factors of every block and of the whole network (Theorem 3.4's ``M_0``).
+
+    For each block ``a_i``, ``b_i`` the spectral norm of the Jacobian of its output with respect
+    to its main input (the stream; the skip and time embedding held fixed), at the inputs it
+    receives when the model runs on ``(x_t, time)``; and, as ``block="model"``, that of
+    ``x_t -> eps_theta(x_t, time)``, the factor by which a small input perturbation can grow.
+    By :func:`jacobian_norm`, in eval mode, averaged over the batch.
+
+    Returns:
+        Rows ``probe="lipschitz"``, ``quantity="jacobian_norm"``: 2N block rows and one model row.
+    """
+    inputs: dict[tuple[str, int], tuple[tuple, dict]] = {}
+
+    def keep(key, module, args, kwargs):
+        inputs[key] = (tuple(a.detach() if isinstance(a, Tensor) else a for a in args), kwargs)
+
+    blocks = named_blocks(model)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    handles = [m.register_forward_pre_hook(partial(keep, (b, i)), with_kwargs=True) for b, i, m in blocks]
+    try:
+        with torch.no_grad():
+            model(x_t, time)
+        for handle in handles:
+            handle.remove()
+        rows = []
+        for block, i, module in blocks:
+            args, kwargs = inputs[(block, i)]
+            norms = jacobian_norm(lambda z: module(z, *args[1:], **kwargs), args[0], iters, seed)
+            rows.append(_row(step, "lipschitz", block, i, "jacobian_norm", norms.mean().item()))
+        norms = jacobian_norm(lambda z: model(z, time), x_t, iters, seed)
+        rows.append(_row(step, "lipschitz", "model", None, "jacobian_norm", norms.mean().item()))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    return rows
+
+
 def to_frame(rows: Iterable[Row]) -> pd.DataFrame:
     """Rows as a DataFrame with the columns :data:`COLUMNS`.
 
@@ -300,6 +451,7 @@ class ProbeRecorder:
         named_blocks(model)  # fail now, not at the first step, if the model has no a_i/b_i
         self.model, self.optimizer = model, optimizer
         self.rows: list[Row] = []
+        self._signs: dict = {}
 
     @contextmanager
     def capture(self, step: int) -> Iterator[FeatureNorms]:
@@ -317,10 +469,15 @@ class ProbeRecorder:
         self.rows += grad_norms(self.model, step)
 
     def after_step(self, step: int) -> None:
-        """Record :func:`adam_stats`; call after ``optimizer.step()``."""
+        """Record :func:`adam_stats` (with sign flips since the previous call); call after
+        ``optimizer.step()``."""
         if self.optimizer is None:
             raise ValueError("after_step needs the optimizer: create the recorder with ProbeRecorder(model, opt)")
-        self.rows += adam_stats(self.optimizer, self.model, step)
+        self.rows += adam_stats(self.optimizer, self.model, step, signs=self._signs)
+
+    def fixed_batch(self, step: int, batch: tuple[Tensor, Tensor, Tensor], schedule: Schedule) -> None:
+        """Record :func:`probe_fixed_batch`; call after ``optimizer.step()``."""
+        self.rows += probe_fixed_batch(self.model, batch, schedule, step)
 
     def robustness(
         self, step: int, x0: Tensor, t: Tensor, schedule: Schedule, sigmas: Sequence[float], seed: int = 0

@@ -32,6 +32,12 @@ class Profile:
         dataset, image_size: see :func:`scalelong_edu.data.load_dataset`.
         unet, uvit: model presets (:data:`scalelong_edu.models.PRESETS`).
         batch_size: global batch.
+        lr: the *gentle* peak learning rate of each backbone (``"unet"``, ``"uvit"``): the one at
+            which it trains well in ``steps`` steps.
+        stress_lr: the *stress* learning rate of each backbone: high enough that the unscaled
+            baseline is pushed hard (chosen by the ``uvit-lr-sweep`` and ``unet-lr-sweep`` experiments,
+            see chapter 3).
+        seeds: seeds per method in every comparison between methods (intervals need >= 2).
         steps: optimisation steps of one training run of an experiment.
         long_steps: steps of the one long run that shows what training achieves (chapter 1's
             UNet): on ``cpu``, long enough that most samples are recognisable digits.
@@ -48,6 +54,9 @@ class Profile:
     unet: str
     uvit: str
     batch_size: int
+    lr: dict[str, float]
+    stress_lr: dict[str, float]
+    seeds: int
     steps: int
     long_steps: int
     warmup: int
@@ -59,15 +68,27 @@ class Profile:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def learning_rate(self, backbone: str, regime: str = "gentle") -> float:
+        """The peak learning rate of ``backbone`` (``"unet"`` or ``"uvit"``) in ``regime``."""
+        rates = {"gentle": self.lr, "stress": self.stress_lr}
+        if regime not in rates:
+            raise ValueError(f"unknown regime {regime!r}; choose gentle or stress")
+        if backbone not in rates[regime]:
+            raise ValueError(f"unknown backbone {backbone!r}; choose one of {', '.join(rates[regime])}")
+        return rates[regime][backbone]
+
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, steps=30, long_steps=30, warmup=5,
+        Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, lr={"unet": 2e-4, "uvit": 2e-3},
+                stress_lr={"unet": 3.2e-3, "uvit": 1.6e-2}, seeds=2, steps=30, long_steps=30, warmup=5,
                 eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
-        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, steps=1200, long_steps=6000, warmup=100,
+        Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, lr={"unet": 2e-4, "uvit": 2e-3},
+                stress_lr={"unet": 3.2e-3, "uvit": 1.6e-2}, seeds=3, steps=1200, long_steps=6000, warmup=100,
                 eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),
-        Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, steps=2500, long_steps=10000, warmup=250,
+        Profile("gpu", "cifar10", 32, "unet-m", "uvit-m", batch_size=128, lr={"unet": 2e-4, "uvit": 2e-4},
+                stress_lr={"unet": 3.2e-3, "uvit": 1.6e-3}, seeds=3, steps=2500, long_steps=10000, warmup=250,
                 eval_every=100, ema_decay=0.999, n_samples=256, sample_steps=100),
     )
 }

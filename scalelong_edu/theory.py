@@ -1,13 +1,17 @@
 """The quantities of the paper's theorems as functions.
 
-So far: ``sum_i kappa_i^2``, the factor that Theorems 3.1 and 3.3 put on ``||x_t||^2`` in the
-bounds on hidden-feature and gradient norms, its closed form under CS, and the range of the CS
-base ``kappa`` that keeps it inside the band the paper's Section 4.1 derives.
+* Lemma 3.2: the exact expectation of ``||x_t||^2 / m`` (:func:`expected_xt_sq_ratio`);
+* Theorems 3.1 and 3.3: ``sum_i kappa_i^2``, the factor they put on ``||x_t||^2`` in the bounds
+  on hidden-feature and gradient norms, and its tail sums ``S_i = sum_{j >= i} kappa_j^2``
+  (:func:`tail_sums`); the closed form under CS and the range of the CS base ``kappa`` that
+  keeps the sum inside the band the paper's Section 4.1 derives;
+* Theorem 3.4: the robustness factor ``sum_i kappa_i M_0^i`` (:func:`robustness_factor`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence
 
 from torch import Tensor
@@ -22,7 +26,7 @@ PAPER_KAPPA_RANGE = (0.5, 0.95)
 """The range of the CS base ``kappa`` the paper estimates from that band."""
 
 __all__ = ["SUM_KAPPA2_BAND", "PAPER_KAPPA_RANGE", "check_n_skips", "check_band", "sum_kappa_squared",
-           "cs_sum_kappa_squared", "cs_kappa_range"]
+           "cs_sum_kappa_squared", "cs_kappa_range", "expected_xt_sq_ratio", "tail_sums", "robustness_factor"]
 
 
 def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
@@ -44,6 +48,42 @@ def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"kappas must be finite, got {values}")
     return float(sum(v * v for v in values))
+
+
+def _floats(kappas: Sequence[float] | Tensor) -> list[float]:
+    sum_kappa_squared(kappas)  # the same checks and messages
+    return [float(k) for k in (kappas.flatten().tolist() if isinstance(kappas, Tensor) else kappas)]
+
+
+def tail_sums(kappas: Sequence[float] | Tensor) -> list[float]:
+    """``S_i = sum_{j >= i} kappa_j^2`` for i = 1 .. N: the factor Theorems 3.1 and 3.3 put on
+    ``||x_t||^2`` in the bounds for skip ``i`` (``S_1`` is :func:`sum_kappa_squared`)."""
+    squares = [k * k for k in _floats(kappas)]
+    return [math.fsum(squares[i:]) for i in range(len(squares))]
+
+
+def robustness_factor(kappas: Sequence[float] | Tensor, m0: float) -> float:
+    """``sum_{i=1}^N kappa_i M_0^i``, the factor Theorem 3.4 puts on the perturbation size.
+
+    ``M_0`` bounds how much one block can stretch its input (its Lipschitz constant); the path
+    through skip ``i`` passes ``i`` of them each way, hence the power. Standard UNet
+    (``kappa_i = 1``) gives ``sum_i M_0^i``, of order ``N M_0^N`` when ``M_0 >= 1``.
+    """
+    if isinstance(m0, bool) or not isinstance(m0, numbers.Real) or not (math.isfinite(m0) and m0 > 0):
+        raise ValueError(f"m0 must be a finite number > 0 (a Lipschitz factor), got {m0!r}")
+    return math.fsum(k * float(m0) ** i for i, k in enumerate(_floats(kappas), start=1))
+
+
+def expected_xt_sq_ratio(alpha_bar: float | Tensor, x0_sq_ratio: float) -> float | Tensor:
+    """``E ||x_t||^2 / m = abar_t E||x_0||^2 / m + (1 - abar_t)`` (Lemma 3.2's quantity, exactly).
+
+    With ``x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps`` and ``eps ~ N(0, I)`` independent of
+    ``x_0``, the cross term has mean zero and ``E||eps||^2 = m``. ``x0_sq_ratio`` is the data's
+    ``E ||x_0||^2 / m`` (1/3 for uniform pixels in [-1, 1]; larger for mostly-black digits).
+    """
+    if not (isinstance(x0_sq_ratio, (int, float)) and math.isfinite(x0_sq_ratio) and x0_sq_ratio >= 0):
+        raise ValueError(f"x0_sq_ratio must be a finite number >= 0, got {x0_sq_ratio!r}")
+    return alpha_bar * x0_sq_ratio + (1 - alpha_bar)
 
 
 def cs_sum_kappa_squared(kappa: float, n_skips: int) -> float:

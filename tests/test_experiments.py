@@ -1,10 +1,11 @@
 """Tests of scalelong_edu.experiments and the command line: caching, provenance, interruption."""
 
+import gzip
 import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,27 @@ import torch
 from scalelong_edu import experiments as ex
 from scalelong_edu import __main__ as cli
 from scalelong_edu.__main__ import main
+from scalelong_edu.data import load_dataset
+from scalelong_edu.diffusion import eps_loss, linear_schedule
+from scalelong_edu.models import build_model
+from scalelong_edu.probes import probe_batch
 from scalelong_edu.profiles import PROFILES, get_profile
 from scalelong_edu.train import NonFiniteLossError, Trainer
 
-TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2)
+TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=1)
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
+NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sweep", "unet-lr-sweep", "kappa-sweep",
+         "depth-sweep", "block-output", "ls-per-skip"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they cost 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -28,17 +44,35 @@ def tmp_results(tmp_path, monkeypatch):
     return tmp_path
 
 
+def write_gzip(path, text):
+    path.write_bytes(gzip.compress(text.encode()))
+
+
+def read_gzip(path):
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
 def test_run_records_everything_and_caches(tmp_results, monkeypatch):
     result = ex.run_experiment("quick", TINY, progress=False)
     assert result.path.parent == tmp_results and result.path.exists()
+    assert result.path.name.endswith(".json.gz") and read_gzip(result.path) == json.loads(json.dumps(result.to_json()))
+    assert ex.load_result(result.path).to_json() == read_gzip(result.path)
     assert set(result.provenance) >= {"package_version", "torch", "device", "wall_time_s", "started"}
-    assert result.spec["profile"]["steps"] == 4
+    assert result.spec["profile"]["steps"] == 4 and result.spec["cache_version"] == ex.CACHE_VERSION == 2
+    assert result.labels == ["none", "CS"]
     hist = result.history()
-    assert list(hist.columns) == ["label", "step", "loss", "grad_norm", "lr"] and len(hist) == 8
+    assert list(hist.columns) == ["label", "seed", "step", "loss", "grad_norm", "lr"] and len(hist) == 8
+    assert set(hist.seed) == {0}
     probes = result.probes()
+    assert {"label", "seed"} <= set(probes.columns) and set(probes.seed) == {0}
     feats = probes[(probes.probe == "features") & (probes.label == "CS")]
-    assert sorted(feats.step.unique()) == [2, 4] and set(feats.skip.dropna()) == {1, 2}
-    assert set(probes.probe) >= {"features", "grads", "adam", "robustness"}
+    assert sorted(feats.step.unique()) == [0, 2, 4] and set(feats.skip.dropna()) == {1, 2}
+    assert set(probes.probe) == {"features", "fixed", "grads", "adam", "robustness", "lipschitz"}
+    assert sorted(probes[probes.probe == "fixed"].step.unique()) == [0, 2, 4]
+    adam = probes[probes.probe == "adam"]
+    assert sorted(adam.step.unique()) == [2, 4] and sorted(adam[adam.quantity == "m_sign_flip"].step.unique()) == [4]
+    lip = probes[(probes.probe == "lipschitz") & (probes.label == "CS")]
+    assert len(lip) == 2 * 2 + 1 and (lip.value > 0).all() and set(lip.step) == {4}
     assert result.samples("CS").shape == (4, 1, 16, 16)
 
     def no_training(*a, **k):
@@ -51,33 +85,179 @@ def test_run_records_everything_and_caches(tmp_results, monkeypatch):
 
 def test_the_cache_key_covers_the_full_spec():
     base = ex.cache_path(QUICK, TINY)
-    assert base.name.startswith("quick-ci-")
+    assert base.name.startswith("quick-ci-") and base.name.endswith(".json.gz")
+    assert ex.runs_dir(base).name == base.name.removesuffix(".json.gz") + ".runs"
     assert ex.cache_path(QUICK, replace(TINY, steps=5)) != base
-    assert ex.cache_path(replace(QUICK, runs=(ex.RunSpec("none", lr=1e-3),)), TINY) != base
+    assert ex.cache_path(replace(QUICK, runs=(ex.RunSpec("none", lr=1e-3), QUICK.runs[1])), TINY) != base
+    assert ex.cache_path(replace(QUICK, runs=(ex.RunSpec("none", lr_scale=2), QUICK.runs[1])), TINY) != base
+    assert ex.cache_path(replace(QUICK, seeds=2), TINY) != base
+    assert ex.cache_path(QUICK, replace(TINY, seeds=2)) != base
+    assert ex.cache_path(replace(QUICK, step_fraction=0.5), TINY) != base
+    assert ex.cache_path(QUICK, replace(TINY, lr={**TINY.lr, "uvit": 1e-3})) != base
     assert ex.cache_path(QUICK, TINY) == base
+
+
+def test_the_cache_key_ignores_what_the_runs_do_not_use():
+    base = ex.cache_path(QUICK, TINY)  # every run gentle, U-ViT
+    assert ex.cache_path(QUICK, replace(TINY, stress_lr={"uvit": 1.0, "unet": 1.0})) == base
+    assert ex.cache_path(QUICK, replace(TINY, lr={**TINY.lr, "unet": 1.0})) == base
+    assert ex.cache_path(replace(QUICK, seeds=1), replace(TINY, seeds=3)) == base  # the experiment's seeds win
+    assert ex.cache_path(replace(QUICK, step_fraction=0.9), TINY) == base  # round(4 * 0.9) = 4 steps all the same
+    stress = replace(QUICK, runs=tuple(replace(r, regime="stress") for r in QUICK.runs))
+    assert ex.cache_path(stress, replace(TINY, stress_lr={"uvit": 1.0, "unet": 1.0})) != ex.cache_path(stress, TINY)
+    spec = QUICK.spec(TINY)
+    assert not {"lr", "stress_lr", "seeds"} & set(spec["profile"])
+    assert [r["lr"] for r in spec["runs"]] == [TINY.lr["uvit"]] * 2
+
+
+def test_plan_runs_every_run_once_per_seed_with_its_learning_rate():
+    runs = (ex.RunSpec("gentle"), ex.RunSpec("stress", backbone="unet", regime="stress"),
+            ex.RunSpec("x4", lr_scale=4), ex.RunSpec("fixed", lr=1e-3, lr_scale=4, regime="stress"))
+    experiment = ex.Experiment("plan", "", runs)
+    plan = experiment.plan(replace(TINY, seeds=2))
+    assert [(r.label, r.seed) for r in plan] == [(r.label, s) for s in (0, 1) for r in runs]  # seed-major
+    lr, stress = TINY.lr["uvit"], TINY.stress_lr["unet"]
+    assert [r.lr for r in plan[:4]] == pytest.approx([lr, stress, 4 * lr, 1e-3])  # explicit lr: no lr_scale
+    assert [r.lr for r in plan[:4]] == [r.lr for r in plan[4:]]
+    assert plan[2].lr == pytest.approx(4 * TINY.learning_rate("uvit"))
+    assert plan[1].lr == TINY.learning_rate("unet", "stress")
+    assert [(r.lr, r.seed) for r in runs] == [(None, 0)] * 3 + [(1e-3, 0)]  # the experiment's runs are left alone
+    assert len(replace(experiment, seeds=3).plan(TINY)) == 12 and len(experiment.plan(TINY)) == 4
+    assert len(experiment.plan(PROFILES["cpu"])) == 4 * PROFILES["cpu"].seeds
+    with pytest.raises(ValueError, match="unknown regime 'wild'"):
+        ex.Experiment("bad", "", (ex.RunSpec("x", regime="wild"),)).plan(TINY)
+
+
+def test_steps_are_a_fraction_of_the_profile_steps():
+    ci = PROFILES["ci"]  # 30 steps
+    assert ex.Experiment("e", "", ()).steps(ci) == 30
+    assert ex.Experiment("e", "", (), step_fraction=1 / 3).steps(ci) == 10
+    assert ex.Experiment("e", "", (), step_fraction=1e-6).steps(ci) == 1
+    assert ex.get_experiment("uvit-lr-sweep").steps(PROFILES["cpu"]) == 400
+    assert ex.get_experiment("uvit-lr-sweep").spec(ci)["profile"]["steps"] == 10
+
+
+def test_profile_learning_rates():
+    for profile in PROFILES.values():
+        for backbone in ("uvit", "unet"):
+            assert profile.learning_rate(backbone) == profile.lr[backbone] == profile.learning_rate(backbone, "gentle")
+            assert profile.learning_rate(backbone, "stress") == profile.stress_lr[backbone]
+            assert profile.learning_rate(backbone, "stress") > profile.learning_rate(backbone) > 0
+        assert profile.seeds >= 2  # intervals over seeds need two
+    ci = replace(PROFILES["ci"], lr={"uvit": 1.0, "unet": 2.0}, stress_lr={"uvit": 3.0, "unet": 4.0})
+    assert [ci.learning_rate(b, r) for r in ("gentle", "stress") for b in ("uvit", "unet")] == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match="unknown regime 'calm'; choose gentle or stress"):
+        PROFILES["ci"].learning_rate("uvit", "calm")
+    with pytest.raises(ValueError, match="unknown backbone 'dit'; choose one of unet, uvit"):
+        PROFILES["ci"].learning_rate("dit", "stress")
+
+
+def test_train_run_needs_a_planned_run():
+    with pytest.raises(ValueError, match="run.lr is None.*experiment.plan"):
+        ex.train_run(ex.RunSpec("none"), QUICK, TINY, torch.device("cpu"), progress=False)
+
+
+def test_every_seed_is_a_run_of_its_own(tmp_results):
+    result = ex.run_experiment("quick", replace(TINY, seeds=2), progress=False)
+    assert [(r["label"], r["run"]["seed"]) for r in result.runs] == [("none", 0), ("CS", 0), ("none", 1), ("CS", 1)]
+    assert result.labels == ["none", "CS"]
+    hist = result.history()
+    assert len(hist) == 16 and hist.groupby(["label", "seed"]).size().to_dict() == {
+        ("CS", 0): 4, ("CS", 1): 4, ("none", 0): 4, ("none", 1): 4}
+    assert not hist[hist.seed == 0].loss.reset_index(drop=True).equals(hist[hist.seed == 1].loss.reset_index(drop=True))
+    probes = result.probes()
+    assert set(zip(probes.label, probes.seed)) == {("none", 0), ("CS", 0), ("none", 1), ("CS", 1)}
+    assert not torch.equal(result.samples("CS", seed=0), result.samples("CS", seed=1))
+    assert torch.equal(result.samples("CS"), result.samples("CS", seed=0))
+    with pytest.raises(KeyError, match="no run labelled 'CS' with seed 2; labels: \\['none', 'CS'\\]"):
+        result.samples("CS", seed=2)
+
+
+def test_probes_run_on_a_fixed_held_out_batch_from_step_0(tmp_results, monkeypatch):
+    batches = []
+
+    def spy(*args, **kwargs):
+        batches.append(probe_batch(*args, **kwargs))
+        return batches[-1]
+
+    monkeypatch.setattr(ex, "probe_batch", spy)
+    slow_fast = ex.Experiment("slow-fast", "one model, two learning rates",
+                              (ex.RunSpec("slow", lr=1e-4), ex.RunSpec("fast", lr=1e-2)), robustness_sigmas=(0.0,))
+    monkeypatch.setitem(ex.EXPERIMENTS, "slow-fast", slow_fast)
+    result = ex.run_experiment("slow-fast", TINY, progress=False)
+    assert len(batches) == 2 and all(torch.equal(a, b) for a, b in zip(*batches))  # the same batch for every run
+    probes = result.probes().query("probe in ('features', 'fixed', 'grads')")
+    slow, fast = (probes[probes.label == label].drop(columns="label").reset_index(drop=True)
+                  for label in ("slow", "fast"))
+    at_0 = slow.step == 0
+    assert at_0.sum() > 0 and slow[at_0].equals(fast[fast.step == 0])  # the same model before training
+    assert not (slow[slow.step == 4].value.to_numpy() == fast[fast.step == 4].value.to_numpy()).all()
+
+    # the step-0 loss is that of the untrained model on the test split's first batch, not a training batch
+    test = load_dataset(TINY.dataset, "test", image_size=TINY.image_size).tensors()[0]
+    x0, t, eps = probe_batch(test, TINY.batch_size, linear_schedule())
+    assert torch.equal(batches[0][0], x0)
+    torch.manual_seed(0)
+    model = build_model(TINY.uvit, 1, TINY.image_size).eval()
+    with torch.no_grad():
+        loss = eps_loss(model, x0, linear_schedule(), t=t, noise=eps).item()
+    (fixed_0,) = slow.query("probe == 'fixed' and step == 0").value
+    assert fixed_0 == pytest.approx(loss, rel=1e-5)
+
+
+def test_a_diverging_run_is_a_result(tmp_results, monkeypatch):
+    wild = ex.Experiment("wild", "a learning rate far too high", (ex.RunSpec("none"), ex.RunSpec("wild", lr=1e3)),
+                         robustness_sigmas=(0.0,))
+    monkeypatch.setitem(ex.EXPERIMENTS, "wild", wild)
+    result = ex.run_experiment("wild", TINY, progress=False)
+    none, diverged = result.runs
+    assert none["diverged_at"] is None and diverged["diverged_at"] == 2 and "samples" not in diverged
+    assert diverged["history"]["step"] == [1]
+    loaded = ex.load_result(result.path)  # written and loadable
+    assert loaded.runs[1]["diverged_at"] == 2 and loaded.labels == ["none", "wild"]
+    probes = loaded.probes()
+    assert set(probes[probes.label == "wild"].probe) == {"features", "fixed", "grads"}  # step 0 only: no end probes
+    assert set(probes[probes.label == "wild"].step) == {0}
+    with pytest.raises(ValueError, match="run 'wild' \\(seed 0\\) diverged at step 2: it has no samples"):
+        loaded.samples("wild")
+    assert loaded.samples("none").shape == (4, 1, 16, 16)
 
 
 def test_an_interrupted_experiment_keeps_its_finished_runs_and_continues(tmp_results, monkeypatch, capsys):
     real_train_run, calls = ex.train_run, []
+    two_seeds = replace(TINY, steps=2, seeds=2)
 
-    def second_run_is_killed(run, *a, **k):
-        calls.append(run.label)
-        if len(calls) == 2:
+    def third_run_is_killed(run, *a, **k):
+        calls.append((run.label, run.seed))
+        if len(calls) == 3:
             raise KeyboardInterrupt
         return real_train_run(run, *a, **k)
 
-    monkeypatch.setattr(ex, "train_run", second_run_is_killed)
+    monkeypatch.setattr(ex, "train_run", third_run_is_killed)
     with pytest.raises(KeyboardInterrupt):
-        ex.run_experiment("quick", TINY)
-    path = ex.cache_path(QUICK, TINY)
-    assert not path.exists() and [f.name for f in ex.runs_dir(path).iterdir()] == ["0.json"]
-    assert ex.cache_status(QUICK, TINY) == "1 of 2 runs done"
+        ex.run_experiment("quick", two_seeds)
+    path = ex.cache_path(QUICK, two_seeds)
+    assert not path.exists() and sorted(f.name for f in ex.runs_dir(path).iterdir()) == ["0.json", "1.json"]
+    assert ex.cache_status(QUICK, two_seeds) == "2 of 4 runs done"  # seed 0 of every method first
 
     calls.clear()
-    result = ex.run_experiment("quick", TINY)
-    assert calls == ["CS"] and [r["label"] for r in result.runs] == ["none", "CS"]
-    assert "1 of 2 runs already done" in capsys.readouterr().out
+    result = ex.run_experiment("quick", two_seeds)
+    assert calls == [("none", 1), ("CS", 1)] and [r["label"] for r in result.runs] == ["none", "CS"] * 2
+    out = capsys.readouterr().out
+    assert "2 of 4 runs already done" in out and f"run 4/4: CS, seed 1, lr {TINY.lr['uvit']:g}" in out
     assert path.exists() and not ex.runs_dir(path).exists()
+
+
+def test_finished_runs_ignore_a_partial_file_of_another_run(tmp_results):
+    plan = QUICK.plan(TINY)
+    path = ex.cache_path(QUICK, TINY)
+    record = {"label": "none", "run": {}, "parameters": 1, "wall_time_s": 0.0, "history": {}, "probes": {},
+              "diverged_at": 1}
+    ex.runs_dir(path).mkdir()
+    for i in (0, 1):
+        (ex.runs_dir(path) / f"{i}.json").write_text(json.dumps({"run": asdict(plan[0]), "record": record}))
+    done, damaged = ex.finished_runs(plan, path)
+    assert list(done) == [0] and len(damaged) == 1 and "1.json" in damaged[0] and "belongs to another run" in damaged[0]
 
 
 def test_a_damaged_partial_run_is_trained_again(tmp_results, capsys):
@@ -88,14 +268,20 @@ def test_a_damaged_partial_run_is_trained_again(tmp_results, capsys):
     assert "ignoring the damaged partial result" in capsys.readouterr().out
 
 
+GOOD = gzip.compress(b'{"spec": {}, "provenance": {}, "runs": []}' * 20)
+
+
 @pytest.mark.parametrize("content, why", [
-    ('{"spec": {', "Expecting"),
-    ('{"spec":1,"provenance":2,"runs":3}', "no 'spec' object"),
-    ('{"spec":{},"provenance":{},"runs":[{"label": "none"}]}', "run field 'run'"),
+    (gzip.compress(b'{"spec": {'), "Expecting"),
+    (gzip.compress(b'{"spec":1,"provenance":2,"runs":3}'), "no 'spec' object"),
+    (gzip.compress(b'{"spec":{},"provenance":{},"runs":[{"label": "none"}]}'), "run field 'run'"),
+    (GOOD[: len(GOOD) // 2], "Compressed file ended"),  # truncated, as by a full disk
+    (GOOD[:-8] + b"\0" * 8, "CRC check failed"),
+    (b'{"spec": {}, "provenance": {}, "runs": []}', "Not a gzipped file"),  # a result of cache version 1
 ])
 def test_a_damaged_cache_raises_with_advice(tmp_results, capsys, monkeypatch, content, why):
     path = ex.cache_path(QUICK, TINY)
-    path.write_text(content)
+    path.write_bytes(content)
     with pytest.raises(ex.DamagedResultError, match=f"damaged: {why}.*run quick --force"):
         ex.run_experiment("quick", TINY)
     monkeypatch.setattr(cli, "get_profile", lambda name=None: TINY)
@@ -104,11 +290,19 @@ def test_a_damaged_cache_raises_with_advice(tmp_results, capsys, monkeypatch, co
     assert f"DAMAGED (cached result {path} is damaged: {why}" in listed and "--force" in listed
 
 
+def test_a_corrupt_gzip_stream_is_a_damaged_cache(tmp_results):
+    """Not truncated but garbled: gzip raises zlib.error, neither an OSError nor an EOFError."""
+    path = ex.cache_path(QUICK, TINY)
+    path.write_bytes(GOOD[:15] + b"\xff" * 10 + GOOD[25:])
+    with pytest.raises(ex.DamagedResultError, match="damaged: .*run quick --force"):
+        ex.load_result(path)
+
+
 def test_an_edited_cache_is_not_served(tmp_results):
     result = ex.run_experiment("quick", TINY, progress=False)
-    data = json.loads(result.path.read_text())
+    data = read_gzip(result.path)
     data["spec"]["profile"]["steps"] = 4000
-    result.path.write_text(json.dumps(data))
+    write_gzip(result.path, json.dumps(data))
     with pytest.raises(ex.DamagedResultError, match="does not hash to its file name"):
         ex.run_experiment("quick", TINY)
     assert ex.cache_status(QUICK, TINY).startswith("DAMAGED")
@@ -140,17 +334,39 @@ def test_divergence_is_recorded_not_hidden(monkeypatch):
         return real_step(self)
 
     monkeypatch.setattr(Trainer, "train_step", nan_at_3)
-    record = ex.train_run(ex.RunSpec("none"), QUICK, TINY, torch.device("cpu"), progress=False)
+    record = ex.train_run(QUICK.plan(TINY)[0], QUICK, TINY, torch.device("cpu"), progress=False)
     assert record["diverged_at"] == 3 and record["history"]["step"] == [1, 2] and "samples" not in record
+    assert set(record["probes"]["step"]) == {0, 2}  # the fixed-batch probes up to the divergence
     result = ex.ExperimentResult({}, {}, [record])
-    with pytest.raises(ValueError, match="run 'none' diverged at step 3: it has no samples"):
+    with pytest.raises(ValueError, match="run 'none' \\(seed 0\\) diverged at step 3: it has no samples"):
         result.samples("none")
+
+
+def test_the_named_experiments():
+    assert [name for name in ex.EXPERIMENTS if name != "quick"] == NAMES
+    for backbone in ("uvit", "unet"):
+        for regime in ("gentle", "stress"):
+            e = ex.get_experiment(f"{backbone}-{regime}")
+            assert [(r.label, r.method) for r in e.runs] == [(m[0], m[1]) for m in ex.METHODS]
+            assert ("CS (kappa=0.5)", 0.5) in {(r.label, r.kappa) for r in e.runs}
+            assert {"none", "sqrt2-cs", "cs", "ls"} <= {r.method for r in e.runs}
+            assert {(r.backbone, r.regime) for r in e.runs} == {(backbone, regime)} and e.seeds is None
+        sweep = ex.get_experiment(f"{backbone}-lr-sweep")
+        assert sweep.seeds == 1 and sweep.step_fraction == pytest.approx(1 / 3)
+        assert [r.lr_scale for r in sweep.runs] == [1, 1, 4, 4, 8, 8, 16, 16]
+        assert {r.method for r in sweep.runs} == {"none", "cs"} and {r.backbone for r in sweep.runs} == {backbone}
+    cpu = PROFILES["cpu"]
+    assert [r.lr for r in ex.get_experiment("uvit-lr-sweep").plan(cpu)][::2] == pytest.approx(
+        [k * cpu.lr["uvit"] for k in (1, 4, 8, 16)])
+    assert {r.lr for r in ex.get_experiment("unet-stress").plan(cpu)} == {cpu.stress_lr["unet"]}
+    assert len(ex.get_experiment("uvit-gentle").plan(cpu)) == len(ex.METHODS) * cpu.seeds
 
 
 def test_every_named_experiment_builds_its_models_at_every_profile():
     for e in ex.EXPERIMENTS.values():
         for profile in PROFILES.values():
-            for run in e.runs:
+            for run in e.plan(profile):
+                assert run.lr > 0
                 preset = profile.uvit if run.backbone == "uvit" else profile.unet
                 with torch.device("meta"):
                     model = ex.build_model(preset, 1, profile.image_size, run.method, run.kappa,
@@ -159,7 +375,7 @@ def test_every_named_experiment_builds_its_models_at_every_profile():
 
 
 def test_unknown_names_raise():
-    with pytest.raises(ValueError, match="unknown experiment 'nope'.*uvit-methods"):
+    with pytest.raises(ValueError, match="unknown experiment 'nope'.*uvit-gentle, uvit-stress"):
         ex.run_experiment("nope")
     with pytest.raises(ValueError, match="unknown profile 'tpu'"):
         get_profile("tpu")
@@ -175,9 +391,10 @@ def test_profile_comes_from_the_environment(monkeypatch):
 def test_cli(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "python -m scalelong_edu run uvit-methods --profile cpu" in capsys.readouterr().out
+    assert "python -m scalelong_edu run" in capsys.readouterr().out
     main(["list", "--profile", "ci"])
-    assert "uvit-methods" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in NAMES)
     monkeypatch.setattr(ex, "get_profile", lambda name=None: TINY)
     main(["run", "quick", "--no-progress"])
     out = capsys.readouterr().out
@@ -215,6 +432,17 @@ def test_under_torchrun_only_rank_0_reports_and_writes(tmp_path):
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("quick (tiny profile)") == 1 and run.stdout.count("run 1/2: none") == 1
+    assert run.stdout.count("quick (tiny profile)") == 1 and run.stdout.count("run 1/2: none, seed 0") == 1
     assert run.stdout.count("result:") == 1
-    assert [p.name for p in tmp_path.iterdir()] == [next(tmp_path.glob("quick-tiny-*.json")).name]
+    (path,) = tmp_path.iterdir()
+    assert path.name.startswith("quick-tiny-") and path.name.endswith(".json.gz")
+    assert len(ex.load_result(path, "quick").runs) == 2
+
+
+def test_the_help_names_only_existing_experiments(capsys):
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    named = re.findall(r"scalelong_edu run (\S+)", capsys.readouterr().out)
+    assert named and all(name in ex.EXPERIMENTS for name in named)

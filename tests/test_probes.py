@@ -9,18 +9,24 @@ import torch
 from scalelong_edu.diffusion import eps_loss, linear_schedule, q_sample
 from scalelong_edu.models import build_model
 from scalelong_edu.probes import (
+    ADAM_QUANTITIES,
     COLUMNS,
     FeatureNorms,
     ProbeRecorder,
     adam_stats,
     grad_norms,
+    jacobian_norm,
+    lipschitz,
     named_blocks,
+    probe_batch,
+    probe_fixed_batch,
     robustness,
     to_frame,
 )
-from scalelong_edu.scaling import cs_coefficients
+from scalelong_edu.scaling import SkipScaling, cs_coefficients
 
 PRESETS = ["uvit-ci", "unet-ci"]
+DROPOUT = {"uvit-ci": {}, "unet-ci": {"dropout": 0.5}}  # the U-ViT has no dropout
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -60,6 +66,12 @@ def outputs_by_hand(model, x, t):
     for h in handles:
         h.remove()
     return out
+
+
+def features_of_one_forward(model):
+    with FeatureNorms(model) as probe, torch.no_grad():
+        model(*batch())
+    return probe.rows
 
 
 def all_hooks(model):
@@ -108,6 +120,8 @@ def test_kappa_rows_equal_the_cs_coefficients(preset):
     kappas = sorted(pick(probe.rows, quantity="kappa"), key=lambda r: r["skip"])
     assert [r["value"] for r in kappas] == pytest.approx(cs_coefficients(0.6, model.n_skips))
     assert all(r["block"] is None for r in kappas)
+    rms = sorted(pick(probe.rows, quantity="kappa_rms"), key=lambda r: r["skip"])
+    assert [r["value"] for r in rms] == pytest.approx(cs_coefficients(0.6, model.n_skips))  # a constant: its rms
 
 
 def test_kappa_rows_are_the_mean_ls_gate_of_the_batch():
@@ -117,9 +131,12 @@ def test_kappa_rows_are_the_mean_ls_gate_of_the_batch():
     with FeatureNorms(model) as probe:
         model(x, t)
     for i in range(1, model.n_skips + 1):
-        gate = model.scaling.nets[0](skips[("a", i)]).mean().item()
+        gates = model.scaling.nets[0](skips[("a", i)])
+        gate = gates.mean().item()
         assert value(probe.rows, quantity="kappa", skip=i) == pytest.approx(gate, rel=1e-6)
         assert 0 < gate < 1
+        rms = gates.double().square().mean().sqrt().item()  # sqrt(E[kappa^2]) >= E[kappa]
+        assert value(probe.rows, quantity="kappa_rms", skip=i) == pytest.approx(rms, rel=1e-6) and rms > gate
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -148,7 +165,7 @@ def test_hooks_exist_only_inside_capture_and_keep_no_graph():
         loss = model(x, t).square().mean()
         loss.backward()
     assert all_hooks(model) == 0
-    assert len(rec.rows) == 4 * model.n_skips + model.n_skips  # norm + sq_norm per block, kappa per skip
+    assert len(rec.rows) == 4 * model.n_skips + 2 * model.n_skips  # norm, sq_norm per block; kappa, kappa_rms per skip
     assert all(type(r["value"]) is float for r in rec.rows)
     n = len(rec.rows)
     model(x, t)
@@ -248,7 +265,7 @@ def test_adam_stats_skip_parameters_without_state():
     opt.step()
     rows = adam_stats(opt, model)
     assert pick(rows, block="a", skip=1) == []
-    assert len(pick(rows, block="a", skip=2)) == 3
+    assert [r["quantity"] for r in pick(rows, block="a", skip=2)] == list(ADAM_QUANTITIES[:4])
 
 
 def test_adam_stats_reject_other_optimizers():
@@ -259,6 +276,82 @@ def test_adam_stats_reject_other_optimizers():
         adam_stats(torch.optim.Adam(torch.nn.Linear(2, 2).parameters()), model)
     with pytest.raises(ValueError, match="needs the optimizer"):
         ProbeRecorder(model).after_step(0)
+
+
+def set_grads(model, value):
+    for p in model.parameters():
+        p.grad = torch.full_like(p, value)
+
+
+def test_log_v_std_is_the_spread_of_log_v_by_hand():
+    model = tiny("unet-ci")
+    opt = torch.optim.Adam(model.parameters())
+    set_grads(model, 1.0)
+    opt.step()
+    a1 = list(model.encoder_blocks[0].parameters())
+    g = torch.Generator().manual_seed(0)
+    for p in model.parameters():  # v = exp(normal): ln v has a known spread within every block
+        opt.state[p]["exp_avg_sq"] = (torch.randn(p.shape, generator=g) * 1.5 - 2).exp()
+    opt.state[a1[0]]["exp_avg_sq"] = torch.tensor([1.0, math.e**2]).repeat(a1[0].numel() // 2).view(a1[0].shape)
+    rows = adam_stats(opt, model)
+    for side, blocks in (("a", model.encoder_blocks), ("b", model.decoder_blocks), ("model", [model])):
+        for i, block in enumerate(blocks, start=1):
+            log_v = torch.cat([opt.state[p]["exp_avg_sq"].double().log().flatten() for p in block.parameters()])
+            got = value(rows, block=side, skip=None if side == "model" else i, quantity="log_v_std")
+            assert got == pytest.approx(log_v.std(correction=0).item(), rel=1e-4)
+    # a single parameter holding v in {1, e^2}, half each: ln v in {0, 2}, standard deviation exactly 1
+    only = torch.optim.Adam(a1[:1])
+    only.state[a1[0]] = opt.state[a1[0]]
+    assert value(adam_stats(only, model), block="a", skip=1, quantity="log_v_std") == pytest.approx(1.0, rel=1e-6)
+
+
+def test_log_v_std_of_a_constant_v_is_zero():
+    """E[(ln v)^2] - E[ln v]^2 cancels badly for small v unless summed in float64."""
+    model = tiny("uvit-ci")
+    opt = torch.optim.Adam(model.parameters())
+    set_grads(model, 1e-4)  # v = (1 - beta2) g^2 = 1e-11 everywhere, a typical size late in training
+    opt.step()
+    assert value(adam_stats(opt, model), block="model", quantity="log_v_std") == pytest.approx(0.0, abs=1e-3)
+
+
+def test_m_sign_flip_counts_elements_whose_momentum_changed_sign():
+    model = tiny("uvit-ci")
+    opt = torch.optim.Adam(model.parameters())
+    signs = {}
+    set_grads(model, 1.0)
+    opt.step()  # m = 0.1 > 0 everywhere
+    first = adam_stats(opt, model, step=1, signs=signs)
+    assert pick(first, quantity="m_sign_flip") == []  # nothing to compare with at the first call
+    assert set(signs) == set(model.parameters()) and all(s.dtype == torch.bool for s in signs.values())
+    opt.step()  # the same gradient: m = 0.19, no sign changed
+    same = adam_stats(opt, model, step=2, signs=signs)
+    assert {r["value"] for r in pick(same, quantity="m_sign_flip")} == {0.0}
+    assert len(pick(same, quantity="m_sign_flip")) == 2 * model.n_skips + 1
+    assert [r["quantity"] for r in pick(same, block="model")] == list(ADAM_QUANTITIES)
+    set_grads(model, -10.0)
+    opt.step()  # m = 0.9 * 0.19 - 1 < 0: every element flipped
+    flipped = adam_stats(opt, model, step=3, signs=signs)
+    assert {r["value"] for r in pick(flipped, quantity="m_sign_flip")} == {1.0}
+    assert pick(adam_stats(opt, model, step=3), quantity="m_sign_flip") == []  # without signs: not recorded
+
+
+def test_m_sign_flip_is_the_fraction_of_flipped_elements():
+    model = tiny("unet-ci")
+    opt = torch.optim.Adam(model.parameters())
+    set_grads(model, 1.0)
+    opt.step()
+    signs = {}
+    adam_stats(opt, model, signs=signs)
+    a1 = list(model.encoder_blocks[0].parameters())
+    flip = a1[0]  # flip the momentum of one parameter of a_1 by hand
+    opt.state[flip]["exp_avg"].neg_()
+    rows = adam_stats(opt, model, signs=signs)
+    count = sum(p.numel() for p in a1)
+    assert value(rows, block="a", skip=1, quantity="m_sign_flip") == pytest.approx(flip.numel() / count)
+    total = sum(p.numel() for p in model.parameters())
+    assert value(rows, block="model", quantity="m_sign_flip") == pytest.approx(flip.numel() / total)
+    assert value(rows, block="b", skip=1, quantity="m_sign_flip") == 0.0
+    assert value(adam_stats(opt, model, signs=signs), block="model", quantity="m_sign_flip") == 0.0  # signs updated
 
 
 # ---------------------------------------------------------------- robustness (Theorem 3.4, Fig. 3c)
@@ -336,26 +429,181 @@ def test_recorder_runs_a_training_loop_and_builds_a_tidy_frame():
         opt.zero_grad()
         rec.after_step(step)
     rec.robustness(2, x0, torch.tensor([1, 2, 3]), schedule, [0.0, 0.1])
+    rec.fixed_batch(3, probe_batch(x0, 3, schedule), schedule)
     frame = rec.to_frame()
     n = model.n_skips
     assert list(frame.columns) == list(COLUMNS)
-    per_step = 5 * n + (2 * n + 1) + 3 * (2 * n + 1)  # features + grads + adam
-    assert len(frame) == 3 * per_step + 8
+    features = len(features_of_one_forward(model))
+    per_step = features + (2 * n + 1) + 4 * (2 * n + 1)  # features + grads + adam (no sign flips at the first)
+    assert len(frame) == 3 * per_step + 2 * (2 * n + 1) + 8 + (features + 1 + 2 * n + 1)  # + flips, fixed batch
+    flips = frame.query("quantity == 'm_sign_flip'")
+    assert sorted(flips["step"].unique()) == [1, 2]  # the recorder keeps the signs between steps
+    assert set(frame.query("step == 3")["probe"]) == {"features", "fixed", "grads"}
     assert str(frame["step"].dtype) == "Int64" and str(frame["skip"].dtype) == "Int64"
     assert frame["value"].dtype == "float64" and frame["sigma"].dtype == "float64"
     for col in ("probe", "quantity"):
         assert pd.api.types.is_string_dtype(frame[col])
-    assert set(frame["probe"]) == {"features", "grads", "adam", "robustness"}
+    assert set(frame["probe"]) == {"features", "grads", "adam", "robustness", "fixed"}
     assert frame.loc[frame["block"] == "model", "skip"].isna().all()
     assert frame.loc[frame["probe"] == "robustness", "sigma"].notna().all()
     assert frame.loc[frame["probe"] != "robustness", "sigma"].isna().all()
     assert frame["value"].notna().all()
     norms = frame.query("probe == 'features' and quantity == 'norm' and block == 'b'")
     assert sorted(norms["skip"].unique()) == list(range(1, n + 1))
-    assert len(norms) == 3 * n
+    assert len(norms) == 4 * n  # three training steps and the fixed batch
 
 
 def test_to_frame_of_no_rows_has_the_columns():
     frame = to_frame([])
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 0
     assert frame["value"].dtype == "float64"
+
+
+# ---------------------------------------------------------------- the fixed probe batch
+
+
+def test_probe_batch_is_fixed_and_stratified_over_t():
+    images, schedule = torch.rand(10, 1, 16, 16), linear_schedule()
+    x0, t, eps = probe_batch(images, 4, schedule, seed=3)
+    assert torch.equal(x0, images[:4]) and eps.shape == x0.shape and eps.dtype == x0.dtype
+    assert t.dtype == torch.long and t.tolist() == [0, 333, 666, 999]  # linspace(0, T - 1, 4)
+    assert probe_batch(images, 10, schedule)[1].tolist() == [0, 111, 222, 333, 444, 555, 666, 777, 888, 999]
+    assert probe_batch(images, 5, schedule)[1].tolist() == [0, 250, 500, 749, 999]  # rounded, not truncated
+    assert probe_batch(images, 1, schedule)[1].tolist() == [0]
+    assert torch.equal(probe_batch(images, 4, schedule, seed=3)[2], eps)
+    assert not torch.equal(probe_batch(images, 4, schedule, seed=4)[2], eps)
+    assert eps.std().item() == pytest.approx(1, abs=0.2)
+    for n in (0, 11, 2.0, True, None):
+        with pytest.raises(ValueError, match="n must be an int in \\[1, 10\\]"):
+            probe_batch(images, n, schedule)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_probe_fixed_batch_measures_the_loss_features_and_gradients_of_that_batch(preset):
+    model = tiny(preset, "ls", **DROPOUT[preset])  # dropout: the probe must run in eval mode
+    model.train()
+    model.encoder_blocks[0].eval()  # a mixed state comes back as it was
+    modes = {name: m.training for name, m in model.named_modules()}
+    schedule = linear_schedule()
+    batch_ = probe_batch(batch(3)[0], 3, schedule, seed=5)
+    rows = probe_fixed_batch(model, batch_, schedule, step=4)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    assert all(p.grad is None for p in model.parameters())
+    assert probe_fixed_batch(model, batch_, schedule, step=4) == rows  # fixed: the same rows again
+
+    x0, t, eps = batch_
+    model.eval()  # by hand: the same loss and gradients, in eval mode
+    expected = outputs_by_hand(model, q_sample(x0, t, schedule, eps), schedule.model_time(t))
+    loss = eps_loss(model, x0, schedule, t=t, noise=eps)
+    loss.backward()
+    n = model.n_skips
+    assert value(rows, probe="fixed", quantity="loss") == pytest.approx(loss.item(), rel=1e-5)
+    assert pick(rows, probe="fixed")[0]["block"] == "model"
+    for (side, i), h in expected.items():
+        assert value(rows, block=side, skip=i, quantity="norm") == pytest.approx(
+            h.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
+        assert len(pick(rows, block=side, skip=i, quantity="sq_norm")) == 1
+    assert len(pick(rows, quantity="kappa")) == n
+    by_hand = grad_norms(model, step=4)
+    assert [r["value"] for r in pick(rows, probe="grads")] == pytest.approx([r["value"] for r in by_hand], rel=1e-5)
+    assert len(rows) == len(features_of_one_forward(model)) + 1 + 2 * n + 1 and {r["step"] for r in rows} == {4}
+    assert all_hooks(model) == 0
+
+
+def test_probe_fixed_batch_clears_gradients_and_changes_no_weights():
+    model = tiny("uvit-ci")
+    schedule = linear_schedule()
+    x0, t, eps = probe_batch(batch(3)[0], 3, schedule)
+    weights = [p.detach().clone() for p in model.parameters()]
+    set_grads(model, 1.0)  # stale gradients neither leak into the probe nor survive it
+    rows = probe_fixed_batch(model, (x0, t, eps), schedule)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
+    eps_loss(model, x0, schedule, t=t, noise=eps).backward()
+    assert value(rows, probe="grads", block="model") == pytest.approx(value(grad_norms(model), block="model"), rel=1e-5)
+
+
+# ---------------------------------------------------------------- Jacobian norms and Lipschitz factors
+
+
+def test_jacobian_norm_of_a_linear_map_is_its_largest_singular_value():
+    diag = torch.diag(torch.tensor([0.5, 3.0, 1.0, 2.0]))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    assert jacobian_norm(lambda z: z @ diag.T, x).tolist() == pytest.approx([3.0] * 3, rel=1e-3)
+    A = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))  # sigma_1 / sigma_2 = 1.14: slow to converge
+    got = jacobian_norm(lambda z: z @ A.T, torch.randn(3, 5, generator=torch.Generator().manual_seed(2)), iters=100)
+    assert got.shape == (3,) and got.dtype == torch.float32
+    assert got.tolist() == pytest.approx([torch.linalg.matrix_norm(A, 2).item()] * 3, rel=1e-3)
+    assert (got <= torch.linalg.matrix_norm(A, 2) * (1 + 1e-5)).all()  # power iteration: from below
+
+
+def test_jacobian_norm_is_per_sample_on_images():
+    scale = torch.tensor([1.0, 2.0, 5.0]).view(3, 1, 1, 1)
+    A = torch.randn(8, 8, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+
+    def f(z):  # each sample's image times A, row by row, times its own scale: ||J_b|| = scale_b ||A||
+        return scale * (z @ A.T)
+
+    expected = (scale.flatten() * torch.linalg.matrix_norm(A, 2)).tolist()
+    assert jacobian_norm(f, x, iters=100).tolist() == pytest.approx(expected, rel=1e-3)
+    assert torch.equal(jacobian_norm(f, x, iters=3, seed=1), jacobian_norm(f, x, iters=3, seed=1))
+    assert jacobian_norm(lambda z: z.sin(), torch.zeros(2, 3)).tolist() == pytest.approx([1.0, 1.0])  # nonlinear
+
+
+def test_jacobian_norm_rejects_bad_iters():
+    for iters in (0, -1, 2.5, True, None):
+        with pytest.raises(ValueError, match="iters must be an int >= 1"):
+            jacobian_norm(lambda z: z, torch.ones(1, 2), iters=iters)
+
+
+class LinearNet(torch.nn.Module):
+    """``x -> b_1(a_1(x), skip=a_1(x))`` with ``a_1(x) = A x`` and ``b_1(h, skip) = B h + C skip``."""
+
+    def __init__(self, A, B, C):
+        super().__init__()
+        self.a = torch.nn.Linear(A.shape[1], A.shape[0], bias=False)
+        self.a.weight.data = A
+        self.b = Merge(B, C)
+        self.n_skips, self.encoder_blocks, self.decoder_blocks = 1, [self.a], [self.b]
+        self.scaling = SkipScaling()
+
+    def forward(self, x, t):
+        h = self.a(x)
+        return self.b(h, h)
+
+
+class Merge(torch.nn.Module):
+    def __init__(self, B, C):
+        super().__init__()
+        self.B, self.C = torch.nn.Parameter(B), torch.nn.Parameter(C)
+
+    def forward(self, h, skip):
+        return h @ self.B.T + skip @ self.C.T
+
+
+def test_lipschitz_of_linear_blocks_are_their_matrix_norms():
+    g = torch.Generator().manual_seed(0)
+    A, B, C = (torch.randn(4, 4, generator=g) for _ in range(3))
+    model = LinearNet(A, B, C)
+    rows = lipschitz(model, torch.randn(2, 4, generator=g), torch.zeros(2), iters=200, step=9)
+    norm = lambda M: torch.linalg.matrix_norm(M, 2).item()  # noqa: E731
+    assert value(rows, block="a", skip=1) == pytest.approx(norm(A), rel=1e-3)
+    assert value(rows, block="b", skip=1) == pytest.approx(norm(B), rel=1e-3)  # the skip is held fixed
+    assert value(rows, block="model") == pytest.approx(norm((B + C) @ A), rel=1e-3)  # the skip moves with x
+    assert {(r["probe"], r["quantity"], r["step"]) for r in rows} == {("lipschitz", "jacobian_norm", 9)}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_lipschitz_gives_one_positive_row_per_block_and_the_model(preset):
+    model = tiny(preset, "ls", **DROPOUT[preset])
+    model.train()
+    x, t = batch(2)
+    rows = lipschitz(model, x, t[:2], iters=2, step=1)
+    n = model.n_skips
+    assert [(r["block"], r["skip"]) for r in rows] == [*(("a", i) for i in range(1, n + 1)),
+                                                       *(("b", i) for i in range(1, n + 1)), ("model", None)]
+    assert all(r["value"] > 0 and math.isfinite(r["value"]) for r in rows)
+    assert all(m.training for m in model.modules()) and all_hooks(model) == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert lipschitz(model, x, t[:2], iters=2, step=1) == rows  # eval mode: dropout off, deterministic

@@ -1,0 +1,347 @@
+"""From cached runs to evidence: the per-run numbers and per-method intervals the chapters show.
+
+An :class:`~scalelong_edu.experiments.ExperimentResult` holds every run of every seed. The
+chapters compare methods in one way, the book's evidence protocol:
+
+1. reduce each run to a few numbers (:func:`run_table`): its final loss, how much its hidden
+   features and gradients oscillate late in training (:func:`scalelong_edu.stats.oscillation`
+   on the fixed-batch probes), its gradient spikes, whether it diverged;
+2. summarise each method over seeds as mean and 95% interval (:func:`by_method`), counting the
+   runs that diverged instead of dropping them;
+3. call a difference a difference only when the intervals do not overlap (:func:`verdict`),
+   and write each chapter's claims table from those verdicts (:class:`Claim`).
+
+The bounds of Theorems 3.1 and 3.3 are compared with the probes through the "constant" each
+measurement implies (:func:`feature_constants`, :func:`gradient_constants`): a bound of the form
+``C ||x_t||^2 S_i`` is tight only if that constant stays put.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch import Tensor
+
+from .diffusion import DiscreteSchedule, q_sample
+from .stats import MeanSE, differ, mean_se, oscillation
+from .theory import expected_xt_sq_ratio, robustness_factor
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .experiments import ExperimentResult
+
+LATE = 0.5
+"""Oscillation is measured over the last half of training, once the early growth of the norms
+(a trend, not an oscillation) is over."""
+
+SPIKE = 3.0
+"""A training-batch gradient norm above ``SPIKE`` times the run's late median counts as a spike."""
+
+VERDICTS = ("reproduced", "not at this scale", "contradicted")
+
+
+def features(result: ExperimentResult, block: str = "b") -> pd.DataFrame:
+    """The fixed-batch feature norms of ``block`` (``"b"``: decoder outputs, ``"a"``: encoder),
+    with the effective ``kappa_i`` (root mean square over the batch, for LS; results recorded
+    before the RMS was probed have the mean, the same for constant methods) and the tail sum
+    ``S_i = sum_{j >= i} kappa_j^2`` of the same step.
+
+    Columns: ``label, seed, step, skip, norm, sq_norm, kappa, S``.
+    """
+    probes = result.probes()
+    rows = probes[(probes.probe == "features") & (probes.block == block)]
+    wide = rows.pivot_table(index=["label", "seed", "step", "skip"], columns="quantity", values="value").reset_index()
+    quantity = "kappa_rms" if (probes.quantity == "kappa_rms").any() else "kappa"  # results from before kappa_rms
+    kappas = probes[(probes.probe == "features") & (probes.quantity == quantity)]
+    tails = kappas[["label", "seed", "step", "skip", "value"]].rename(columns={"value": "kappa"})
+    tails = tails.sort_values("skip", ascending=False)  # S_i = sum_{j >= i} kappa_j^2: sum from the inside out
+    tails["S"] = (tails.kappa**2).groupby([tails.label, tails.seed, tails.step]).cumsum()
+    frame = wide.merge(tails, on=["label", "seed", "step", "skip"])
+    frame.columns.name = None
+    return frame.sort_values(["label", "seed", "skip", "step"], ignore_index=True)
+
+
+def _late(frame: pd.DataFrame, last_step: int) -> pd.DataFrame:
+    return frame[frame.step > (1 - LATE) * last_step]
+
+
+def run_table(result: ExperimentResult, window: int = 5) -> pd.DataFrame:
+    """One row per run: the numbers every comparison starts from.
+
+    Columns:
+        label, seed, diverged_at (step or ``None``);
+        loss: mean training-batch loss over the last 10% of steps;
+        fixed_loss: the fixed-batch loss at the last evaluation;
+        feature_osc: mean over skips of the oscillation (``log_step``) of the decoder feature
+            norms ``||h_i||`` on the fixed batch, over the last :data:`LATE` of training;
+        grad_osc: the same for the gradient norms of the decoder blocks ``b_i``;
+        spikes: the share of late training steps whose (training-batch) gradient norm exceeds
+            :data:`SPIKE` times the run's late median.
+    Diverged runs get ``NaN`` in every number: they are counted, not summarised.
+    """
+    import pandas as pd
+
+    steps = result.spec["profile"]["steps"]
+    probes = result.probes()
+    feats = _late(features(result), steps)
+    grads = _late(probes[(probes.probe == "grads") & (probes.block == "b")], steps)
+    hist = result.history()
+    rows = []
+    for record in result.runs:
+        label, seed = record["label"], record["run"]["seed"]
+        row = {"label": label, "seed": seed, "diverged_at": record["diverged_at"]}
+        if record["diverged_at"] is None:
+            mine = (feats.label == label) & (feats.seed == seed)
+            row["feature_osc"] = _mean_osc(feats[mine], "norm", window)
+            mine = (grads.label == label) & (grads.seed == seed)
+            row["grad_osc"] = _mean_osc(grads[mine], "value", window)
+            h = hist[(hist.label == label) & (hist.seed == seed)]
+            row["loss"] = h.loss.tail(max(1, len(h) // 10)).mean()
+            late = _late(h, steps).grad_norm
+            row["spikes"] = float((late > SPIKE * late.median()).mean())
+            fixed = probes[(probes.probe == "fixed") & (probes.label == label) & (probes.seed == seed)]
+            row["fixed_loss"] = fixed.sort_values("step").value.iloc[-1]
+        rows.append(row)
+    columns = ["label", "seed", "diverged_at", "loss", "fixed_loss", "feature_osc", "grad_osc", "spikes"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
+    """The stress regime's learning-rate factor read off a learning-rate sweep: the largest
+    ``lr_scale`` at which every run of the sweep finished with a training loss (:func:`run_table`)
+    within ``tolerance`` times the sweep's best. The baseline is pushed as hard as possible while
+    every method still trains, so that the comparison is between trained models."""
+    table = run_table(sweep).assign(scale=[r["run"]["lr_scale"] for r in sweep.runs])
+    best = table.loss.min()
+    ok = table.groupby("scale").loss.apply(lambda loss: bool(loss.notna().all() and (loss <= tolerance * best).all()))
+    if not ok.any():
+        raise ValueError(f"no learning rate of the sweep trains every run within {tolerance}x the best loss")
+    return float(ok[ok].index.max())
+
+
+def _mean_osc(frame: pd.DataFrame, column: str, window: int) -> float:
+    groups = [g.sort_values("step")[column] for _, g in frame.groupby("skip")]
+    if not groups or len(groups[0]) < 2:  # a run too short to have two late probes (ci sweeps)
+        return float("nan")
+    per_skip = [oscillation(g, min(window, len(g))).log_step for g in groups]  # tiny ci runs: < window
+    return sum(per_skip) / len(per_skip)
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method's value over seeds: its mean and interval (``None`` when fewer than two runs
+    finished) and how many of its runs diverged."""
+
+    label: str
+    summary: MeanSE | None
+    diverged: int
+    runs: int
+
+    def __format__(self, spec: str) -> str:
+        if self.summary is None:
+            text = "no interval (fewer than 2 runs finished)"
+        else:
+            lo, hi = self.summary.interval()
+            text = f"{self.summary.mean:{spec or '.3g'}} [{lo:{spec or '.3g'}}, {hi:{spec or '.3g'}}]"
+        return text + (f", {self.diverged} of {self.runs} diverged" if self.diverged else "")
+
+
+def by_method(table: pd.DataFrame, column: str) -> dict[str, MethodSummary]:
+    """``column`` of :func:`run_table` summarised per method (label order kept)."""
+    if column not in table.columns:
+        raise KeyError(f"no column {column!r}; run_table has {list(table.columns)}")
+    out = {}
+    for label, rows in table.groupby("label", sort=False):
+        values = [v for v in rows[column] if v is not None and math.isfinite(v)]
+        diverged = int(rows.diverged_at.notna().sum())
+        out[label] = MethodSummary(label, mean_se(values) if len(values) >= 2 else None, diverged, len(rows))
+    return out
+
+
+def verdict(lower: MethodSummary, higher: MethodSummary) -> str:
+    """Whether the prediction "``lower`` is below ``higher``" holds by the 95% intervals:
+    ``"reproduced"`` (intervals apart, in that order), ``"contradicted"`` (apart, the other way)
+    or ``"not at this scale"`` (they overlap, or a side has no interval)."""
+    if lower.summary is None or higher.summary is None or not differ(lower.summary, higher.summary):
+        return "not at this scale"
+    return "reproduced" if lower.summary.mean < higher.summary.mean else "contradicted"
+
+
+def feature_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
+    """The constant Theorem 3.1's bound would need at every probe: ``c = ||h_i||^2 / (||x_t||^2 S_i)``.
+
+    ``x_t_sq`` is the fixed batch's mean ``||x_t||^2``; ``S_i`` the tail sum of the effective
+    ``kappa`` measured at the same step. A bound ``c_lo ||x_t||^2 S_i <= ||h_i||^2 <= c_hi ||x_t||^2 S_i``
+    holds with ``c_lo = min c`` and ``c_hi = max c``: the spread of ``c`` is how loose it must be.
+    Columns: those of :func:`features` and ``c``.
+    """
+    frame = features(result)
+    return frame.assign(c=frame.sq_norm / (x_t_sq * frame.S))
+
+
+def feature_ranges(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
+    """How far each skip's ``||h_i||^2`` swings over the last :data:`LATE` of training, in units of
+    ``||x_t||^2`` (the quantity Theorem 3.1 bounds by ``O(S_i)``), one row per run and skip.
+
+    Columns: ``label, seed, skip, S`` (at the last probe), ``range`` (max - min of
+    ``||h_i||^2 / ||x_t||^2``), ``low`` and ``high`` (its min and max).
+    """
+    frame = _late(features(result), result.spec["profile"]["steps"]).assign(r=lambda f: f.sq_norm / x_t_sq)
+    grouped = frame.sort_values("step").groupby(["label", "seed", "skip"], sort=False)
+    out = grouped.agg(S=("S", "last"), low=("r", "min"), high=("r", "max")).reset_index()
+    return out.assign(range=out.high - out.low)
+
+
+def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[str, float]:
+    """How much ``column`` (a positive constant, e.g. ``c`` of :func:`feature_constants`) varies
+    with each factor: for each name in ``factors``, the ratio of the largest to the smallest
+    geometric mean of ``column`` over the groups of that factor. 1 means the factor does not
+    move it; the factor with the largest ratio drives the looseness of a one-constant bound."""
+    import numpy as np
+
+    logs = np.log(frame[column])
+    return {f: float(np.exp(logs.groupby(frame[f]).mean().agg(["max", "min"]).diff().abs().iloc[-1])) for f in factors}
+
+
+def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
+    """Spearman's rank correlation of ``y`` with ``x``, its two-sided p-value, and the verdict
+    on the prediction "``y`` grows with ``x``" at the 5% level. Below 10 points the p-value
+    comes from permutations (exact up to 7 points), since the usual approximation claims
+    significance for a perfect ranking of three; a constant series is no evidence either way."""
+    import numpy as np
+    from scipy.stats import permutation_test, spearmanr
+
+    x, y = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
+    with warnings.catch_warnings():  # a constant series: rho is undefined (NaN), which we handle below
+        warnings.simplefilter("ignore")
+        rho, p = (float(v) for v in spearmanr(x, y))
+    if len(x) < 10 and math.isfinite(rho):  # few points: a permutation p-value, not the t approximation
+        test = permutation_test((x,), lambda xs: spearmanr(xs, y).statistic, permutation_type="pairings",
+                                n_resamples=math.inf if len(x) <= 7 else 9999, rng=0)
+        p = float(test.pvalue)
+    if not (math.isfinite(rho) and math.isfinite(p)) or p >= 0.05:  # constant or too few values: no evidence
+        return rho, p, "not at this scale"
+    return rho, p, "reproduced" if rho > 0 else "contradicted"
+
+
+def gradient_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
+    """The constant of Theorem 3.3's bound at every probe: ``g = ||grad b_i|| / (loss ||x_t||^2 S_i)``,
+    with the fixed batch's loss and decoder-block gradient norms. Columns: ``label, seed, step,
+    skip, grad_norm, loss, S, g``."""
+    probes = result.probes()
+    grads = probes[(probes.probe == "grads") & (probes.block == "b")][["label", "seed", "step", "skip", "value"]]
+    loss = probes[probes.probe == "fixed"][["label", "seed", "step", "value"]].rename(columns={"value": "loss"})
+    tails = features(result)[["label", "seed", "step", "skip", "S"]]
+    frame = grads.rename(columns={"value": "grad_norm"}).merge(loss, on=["label", "seed", "step"])
+    frame = frame.merge(tails, on=["label", "seed", "step", "skip"])
+    return frame.assign(g=frame.grad_norm / (frame.loss * x_t_sq * frame.S))
+
+
+def adam_table(result: ExperimentResult, block: str = "model") -> pd.DataFrame:
+    """Adam's moments per run (the reviewer's question 2), averaged over the probes of the last
+    :data:`LATE` of training: columns ``label, seed, diverged_at`` and the quantities of
+    :data:`scalelong_edu.probes.ADAM_QUANTITIES` for ``block`` (``"model"``: all parameters,
+    ``"a"``/``"b"``: the mean over encoder/decoder blocks). Diverged runs get ``NaN``."""
+    import pandas as pd
+
+    probes = result.probes()
+    adam = _late(probes[(probes.probe == "adam") & (probes.block == block)], result.spec["profile"]["steps"])
+    means = adam.pivot_table(index=["label", "seed"], columns="quantity", values="value", aggfunc="mean")
+    runs = pd.DataFrame([{"label": r["label"], "seed": r["run"]["seed"], "diverged_at": r["diverged_at"]}
+                         for r in result.runs])
+    table = runs.merge(means.reset_index(), on=["label", "seed"], how="left")
+    table.loc[table.diverged_at.notna(), list(means.columns)] = float("nan")
+    table.columns.name = None
+    return table
+
+
+def robustness_table(result: ExperimentResult, sigma: float) -> pd.DataFrame:
+    """Theorem 3.4 per run: measured sensitivity against the bound's factor.
+
+    Columns: ``label, seed, diverged_at``; ``output_change`` and ``loss_change`` at ``sigma``;
+    ``jacobian``, the network's measured input Lipschitz factor; ``m0``, the largest block factor
+    (the theorem's ``M_0``: every block stretches its input at most that much); ``bound``,
+    :func:`scalelong_edu.theory.robustness_factor` of the last probed effective ``kappa_i`` and
+    ``m0``. Diverged runs have no end-of-training probes: ``NaN``.
+    """
+    import pandas as pd
+
+    probes = result.probes()
+    rows = []
+    for record in result.runs:
+        label, seed = record["label"], record["run"]["seed"]
+        row = {"label": label, "seed": seed, "diverged_at": record["diverged_at"]}
+        run = probes[(probes.label == label) & (probes.seed == seed)]
+        lip = run[run.probe == "lipschitz"]
+        if not lip.empty:
+            rob = run[(run.probe == "robustness") & ((run.sigma - sigma).abs() < 1e-12)]
+            if rob.empty:
+                probed = sorted(float(v) for v in run.sigma.dropna().unique())
+                raise ValueError(f"sigma {sigma} was not probed; the runs have {probed}")
+            kappa = run[run.quantity == "kappa"]  # Theorem 3.4's factor is linear in kappa_i: the mean gate
+            kappas = kappa[kappa.step == kappa.step.max()].sort_values("skip").value.tolist()
+            m0 = lip[lip.block != "model"].value.max()
+            row |= {"output_change": rob[rob.quantity == "output_change"].value.item(),
+                    "loss_change": rob[rob.quantity == "loss_change"].value.item(),
+                    "jacobian": lip[lip.block == "model"].value.item(),
+                    "m0": m0, "bound": robustness_factor(kappas, m0)}
+        rows.append(row)
+    columns = ["label", "seed", "diverged_at", "output_change", "loss_change", "jacobian", "m0", "bound"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def xt_norm_ratio(images: Tensor, schedule: DiscreteSchedule, ts: Sequence[int], seed: int = 0) -> pd.DataFrame:
+    """Lemma 3.2 on real data: ``||x_t||^2 / m`` of every image at each ``t`` in ``ts``.
+
+    Each image is noised once per ``t`` (``eps`` from a generator seeded with ``seed``).
+    Columns: ``t``, ``mean``, ``q05``, ``q95`` (the 5% and 95% quantiles over images) and
+    ``expected``, :func:`scalelong_edu.theory.expected_xt_sq_ratio` with the images' own
+    ``E ||x_0||^2 / m``.
+    """
+    import pandas as pd
+
+    m = images[0].numel()
+    x0_ratio = images.flatten(1).square().sum(1).mean().item() / m
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for t in ts:
+        eps = torch.randn(images.shape, generator=generator)
+        x_t = q_sample(images, torch.full((len(images),), int(t)), schedule, eps)
+        ratio = x_t.flatten(1).square().sum(1) / m
+        lo, hi = torch.quantile(ratio, torch.tensor([0.05, 0.95])).tolist()
+        rows.append({"t": int(t), "mean": ratio.mean().item(), "q05": lo, "q95": hi,
+                     "expected": float(expected_xt_sq_ratio(schedule.alpha_bars[int(t)].item(), x0_ratio))})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One line of a chapter's claims table: what the paper says, what we measured, the verdict."""
+
+    chapter: int
+    paper: str
+    measured: str
+    verdict: str
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+
+def claims_table(claims: list[Claim]) -> pd.DataFrame:
+    """The claims as the table a chapter ends with (columns: paper claims, we measured, verdict)."""
+    import pandas as pd
+
+    return pd.DataFrame([(c.paper, c.measured, c.verdict) for c in claims],
+                        columns=["the paper claims", "we measured", "verdict"])
+
+
+__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "claims_table", "feature_constants",
+           "feature_ranges", "features", "gradient_constants", "robustness_table", "run_table", "spread_by", "stress_scale",
+           "trend",
+           "verdict", "xt_norm_ratio"]

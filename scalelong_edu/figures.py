@@ -1,0 +1,156 @@
+"""The figures of the theorem chapters: evidence from cached runs, drawn one way.
+
+Every function takes the tidy frames of :mod:`scalelong_edu.evidence` and returns the figure or
+axes it drew, in the book's style (:func:`scalelong_edu.plotting.use_book_style`). Methods keep
+one colour across all figures (:func:`method_colors`), and legends sit below the axes so that
+they cover no curve.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+from .plotting import legend_below, log_axis
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from .evidence import MethodSummary
+
+
+def method_colors(labels: Sequence[str]) -> dict[str, tuple]:
+    """One colour per method label, in legend order (seaborn's ``colorblind`` palette)."""
+    return dict(zip(labels, sns.color_palette("colorblind", len(labels))))
+
+
+def plot_xt_ratio(frames: Mapping[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
+    """Lemma 3.2: measured ``||x_t||^2 / m`` (mean, 5-95% band) and its exact expectation (dashed)
+    against ``t``, one colour per dataset (:func:`scalelong_edu.evidence.xt_norm_ratio` frames)."""
+    if ax is None:
+        _, ax = plt.subplots()
+    for (name, frame), color in zip(frames.items(), sns.color_palette("colorblind", len(frames))):
+        ax.plot(frame.t, frame["mean"], color=color, lw=2, label=f"{name}: measured")
+        ax.fill_between(frame.t, frame.q05, frame.q95, color=color, alpha=0.2, lw=0)
+        ax.plot(frame.t, frame.expected, color="black", lw=1, ls="--")
+    ax.plot([], [], color="black", lw=1, ls="--", label="exact expectation")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("diffusion step $t$")
+    ax.set_ylabel(r"$\|x_t\|_2^2 / m$")
+    legend_below(ax, ncol=2)
+    return ax
+
+
+def plot_over_training(
+    frames: Mapping[str, pd.DataFrame], value: str, labels: Sequence[str], ylabel: str, log: bool = True
+) -> Figure:
+    """A grid of panels, one row per frame (e.g. regime) and one column per method: ``value``
+    against step, one line per skip (mean over seeds, band from the lowest to the highest seed).
+    Each frame needs ``label, seed, step, skip`` and ``value`` columns."""
+    fig, axes = plt.subplots(len(frames), len(labels), figsize=(10, 2.4 * len(frames) + 0.7), sharex=True,
+                             sharey="row", squeeze=False)
+    skips = sorted({s for f in frames.values() for s in f.skip.dropna().unique()})
+    colors = dict(zip(skips, sns.color_palette("viridis", len(skips))))
+    for row, (title, frame) in zip(axes, frames.items()):
+        for ax, label in zip(row, labels):
+            for skip in skips:
+                by_step = frame[(frame.label == label) & (frame.skip == skip)].groupby("step")[value]
+                mean, low, high = by_step.mean(), by_step.min(), by_step.max()
+                ax.plot(mean.index, mean, color=colors[skip], lw=1.3, label=f"skip {skip}")
+                ax.fill_between(mean.index, low, high, color=colors[skip], alpha=0.15, lw=0)
+            ax.set_title(f"{label}\n{title}", fontsize=10)
+            if log:
+                log_axis(ax)
+        row[0].set_ylabel(ylabel)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(skips), 6), frameon=False)
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
+    return fig
+
+
+def plot_intervals(
+    panels: Mapping[str, Mapping[str, MethodSummary]], xlabel: str | Sequence[str],
+    colors: Mapping[str, tuple] | None = None, ncols: int = 2,
+) -> Figure:
+    """Forest plot: per method a dot at the mean over seeds and a bar for its 95% interval, one
+    panel per setting (e.g. backbone and regime), ``ncols`` panels a row; ``xlabel`` is shared or
+    one per panel. Methods with diverged runs say how many in their label."""
+    nrows, rows = -(-len(panels) // ncols), max(len(p) for p in panels.values())
+    fig, axes = plt.subplots(nrows, min(ncols, len(panels)), figsize=(9, nrows * (0.42 * rows + 1.3)), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    xlabels = [xlabel] * len(panels) if isinstance(xlabel, str) else list(xlabel)
+    colors = colors or method_colors(list(dict.fromkeys(label for p in panels.values() for label in p)))
+    for ax, (title, summaries), label_x in zip(axes.flat, panels.items(), xlabels):
+        for y, (label, s) in enumerate(summaries.items()):
+            if s.summary is None:
+                ax.annotate("no interval", (0.5, y), xycoords=("axes fraction", "data"), ha="center", va="center",
+                            fontsize=10, color="grey")
+                continue
+            lo, hi = s.summary.interval()
+            ax.plot([lo, hi], [y, y], color=colors[label], lw=3, solid_capstyle="butt")
+            ax.plot(s.summary.mean, y, "o", color=colors[label], ms=7)
+            ax.plot(s.summary.values, [y] * s.summary.n, "|", color="black", ms=8)
+        ax.set_yticks(range(len(summaries)),
+                      [f"{label} ({s.diverged} diverged)" if s.diverged else label for label, s in summaries.items()])
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=11)
+        ax.set_xlabel(label_x)
+    fig.tight_layout()
+    return fig
+
+
+def plot_against_tail_sum(
+    frame: pd.DataFrame, value: str, ylabel: str, colors: Mapping[str, tuple], marker_by: str | None = None
+) -> Axes:
+    """``value`` against ``S_i = sum_{j >= i} kappa_j^2`` on log-log axes, one point per row,
+    coloured by method and, with ``marker_by``, one marker shape per value of that column (e.g.
+    backbone and regime): the comparison Theorems 3.1 and 3.3 invite."""
+    _, ax = plt.subplots(figsize=(7, 4.4))
+    groups = list(dict.fromkeys(frame[marker_by])) if marker_by else [None]
+    markers = dict(zip(groups, "os^Dv<>p"))
+    for label, rows in frame.groupby("label", sort=False):
+        for group in groups:
+            part = rows if marker_by is None else rows[rows[marker_by] == group]
+            if len(part):
+                ax.scatter(part.S, part[value], s=22, color=colors[label], marker=markers[group], alpha=0.8,
+                           edgecolor="none")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
+    ax.set_xlabel(r"$S_i = \sum_{j \geq i} \kappa_j^2$")
+    ax.set_ylabel(ylabel)
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=label) for label, c in colors.items()
+               if label in set(frame.label)]
+    if marker_by:
+        handles += [plt.Line2D([], [], ls="", marker=markers[g], color="grey", label=str(g)) for g in groups]
+    legend_below(ax, ncol=3, handles=handles)
+    return ax
+
+
+def plot_robustness(frame: pd.DataFrame, quantity: str, ylabel: str, colors: Mapping[str, tuple]) -> Axes:
+    """Theorem 3.4 / paper Fig. 3c: ``quantity`` against ``sigma``, per method the mean over seeds
+    and its 95% interval (``frame``: robustness probe rows with ``label, seed, sigma``)."""
+    from scipy.stats import t as student
+
+    _, ax = plt.subplots(figsize=(7, 4))
+    rows = frame[frame.quantity == quantity]
+    for label, by_label in rows.groupby("label", sort=False):
+        stats = by_label.groupby("sigma").value.agg(["mean", "sem", "count"])
+        half = stats["sem"].fillna(0) * student.ppf(0.975, np.maximum(stats["count"] - 1, 1))
+        ax.plot(stats.index, stats["mean"], "o-", color=colors[label], label=label, ms=4)
+        ax.fill_between(stats.index, stats["mean"] - half, stats["mean"] + half, color=colors[label], alpha=0.15, lw=0)
+    ax.set_xlabel(r"extra noise $\sigma_\delta$")
+    ax.set_ylabel(ylabel)
+    legend_below(ax, ncol=3)
+    return ax
+
+
+__all__ = ["method_colors", "plot_against_tail_sum", "plot_intervals", "plot_over_training", "plot_robustness",
+           "plot_xt_ratio"]

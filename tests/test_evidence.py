@@ -1,0 +1,415 @@
+"""Tests of scalelong_edu.evidence on hand-built results whose answers are known exactly: features and tail
+sums, the per-run table, summaries over seeds and verdicts, the theorem constants, Adam and robustness
+tables, Lemma 3.2 on real images, the claims table."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from scalelong_edu import evidence
+from scalelong_edu.data import load_dataset
+from scalelong_edu.diffusion import DiscreteSchedule, linear_schedule
+from scalelong_edu.evidence import (
+    Claim,
+    MethodSummary,
+    adam_table,
+    by_method,
+    claims_table,
+    feature_constants,
+    feature_ranges,
+    features,
+    gradient_constants,
+    robustness_table,
+    run_table,
+    spread_by,
+    trend,
+    verdict,
+    xt_norm_ratio,
+)
+from scalelong_edu.experiments import ExperimentResult
+from scalelong_edu.probes import COLUMNS
+from scalelong_edu.stats import mean_se, oscillation
+from scalelong_edu.theory import robustness_factor
+
+LN2 = math.log(2)
+
+
+# -- hand-built results -----------------------------------------------------------------------------
+def row(step, probe, block, skip, quantity, value, sigma=None):
+    return dict(step=step, probe=probe, block=block, skip=skip, sigma=sigma, quantity=quantity, value=float(value))
+
+
+def feature_rows(step, norms_b, kappa_rms, kappa=None, norms_a=None):
+    """The features probe of one step: b (and a) norms with sq_norm = norm^2, kappa and kappa_rms per skip."""
+    norms_a = norms_a or [100.0] * len(norms_b)
+    kappa = kappa or [0.9 * k for k in kappa_rms]  # the mean gate differs from the RMS
+    rows = []
+    for i, (a, b) in enumerate(zip(norms_a, norms_b), start=1):
+        rows += [row(step, "features", "a", i, "norm", a), row(step, "features", "a", i, "sq_norm", a * a),
+                 row(step, "features", "b", i, "norm", b), row(step, "features", "b", i, "sq_norm", b * b)]
+    rows += [row(step, "features", None, i, "kappa", k) for i, k in enumerate(kappa, start=1)]
+    rows += [row(step, "features", None, i, "kappa_rms", k) for i, k in enumerate(kappa_rms, start=1)]
+    return rows
+
+
+def grad_rows(step, grads_b, model=50.0):
+    rows = [row(step, "grads", "a", i, "grad_norm", 1000.0) for i in range(1, len(grads_b) + 1)]
+    rows += [row(step, "grads", "b", i, "grad_norm", g) for i, g in enumerate(grads_b, start=1)]
+    return rows + [row(step, "grads", "model", None, "grad_norm", model)]
+
+
+def record(label, seed, rows, history=None, diverged_at=None):
+    """A run record as experiments.train_run writes it, from probe rows and a {column: list} history."""
+    history = history or {"step": [1, 2], "loss": [1.0, 1.0], "grad_norm": [1.0, 1.0], "lr": [1e-3, 1e-3]}
+    return {"label": label, "run": {"label": label, "seed": seed}, "parameters": 10, "diverged_at": diverged_at,
+            "wall_time_s": 1.0, "history": history,
+            "probes": {c: [r[c] for r in rows] for c in COLUMNS}, "samples": None if diverged_at else []}
+
+
+def result(runs, steps):
+    return ExperimentResult(spec={"profile": {"steps": steps}}, provenance={}, runs=runs)
+
+
+def pd_isna(value):
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def history(losses, grad_norms):
+    n = len(losses)
+    return {"step": list(range(1, n + 1)), "loss": list(losses), "grad_norm": list(grad_norms), "lr": [1e-3] * n}
+
+
+# -- features ---------------------------------------------------------------------------------------
+def test_features_tail_sums_of_kappa_rms_per_step_and_only_the_block_asked_for():
+    rows = feature_rows(0, [3.0, 2.0, 1.0], [1.0, 0.5, 0.25], norms_a=[7.0, 8.0, 9.0])
+    rows += feature_rows(10, [3.0, 2.0, 1.0], [1.0, 1.0, 1.0])
+    frame = features(result([record("LS", 0, rows)], 10))
+    assert list(frame.columns) == ["label", "seed", "step", "skip", "norm", "sq_norm", "kappa", "S"]
+    first = frame[frame.step == 0].sort_values("skip")
+    assert first.S.tolist() == pytest.approx([1.3125, 0.3125, 0.0625])
+    assert first.kappa.tolist() == pytest.approx([1.0, 0.5, 0.25])  # the RMS kappa, not the mean gate
+    assert first.norm.tolist() == [3.0, 2.0, 1.0] and first.sq_norm.tolist() == [9.0, 4.0, 1.0]
+    assert frame[frame.step == 10].sort_values("skip").S.tolist() == pytest.approx([3.0, 2.0, 1.0])
+    encoder = features(result([record("LS", 0, rows)], 10), block="a")
+    assert encoder[encoder.step == 0].sort_values("skip").norm.tolist() == [7.0, 8.0, 9.0]
+    assert len(frame) == len(encoder) == 6
+
+
+def test_features_keep_runs_apart():
+    runs = [record("none", 0, feature_rows(0, [1.0, 1.0], [1.0, 1.0])),
+            record("none", 1, feature_rows(0, [2.0, 2.0], [1.0, 0.5])),
+            record("CS", 0, feature_rows(0, [4.0, 4.0], [1.0, 0.25]))]
+    frame = features(result(runs, 10)).set_index(["label", "seed", "skip"])
+    assert frame.loc[("none", 0, 1), "S"] == 2.0 and frame.loc[("none", 1, 1), "S"] == 1.25
+    assert frame.loc[("CS", 0, 1), "S"] == 1.0625 and frame.loc[("CS", 0, 2), "norm"] == 4.0
+
+
+# -- run_table --------------------------------------------------------------------------------------
+def _finished(label, seed, scale=1.0):
+    """20 steps, probes every 4: late half (step > 10) is steps 12, 16, 20. Skip 1 alternates 1, 2, 1
+    (log_step ln 2), skip 2 alternates 1, 4, 1 (ln 4); the early probes swing wildly and must not count."""
+    late_b = {12: [1.0, 1.0], 16: [2.0, 4.0], 20: [1.0, 1.0]}
+    rows = []
+    for step in (0, 4, 8, 12, 16, 20):
+        rows += feature_rows(step, [scale * n for n in late_b.get(step, [50.0 * (step + 1), 0.01])], [1.0, 0.5])
+        # grads: skip 1 flat, skip 2 grows by e per probe in the late half (log_step 1)
+        rows += grad_rows(step, [3.0, math.exp(step / 4)] if step > 10 else [1e3, 1e-3])
+        rows.append(row(step, "fixed", "model", None, "loss", 0.5 - step / 100))
+    losses = [1.0] * 18 + [0.2, 0.4]  # the last 10%: 2 steps, mean 0.3
+    grad_norm = [100.0] * 10 + [1.0] * 7 + [10.0, 3.5, 2.9]  # late median 1: 2 spikes of 10 late steps
+    return record(label, seed, rows, history(losses, grad_norm))
+
+
+def _diverged(label, seed):
+    rows = feature_rows(0, [1.0, 1.0], [1.0, 1.0]) + grad_rows(0, [1.0, 1.0])
+    rows += feature_rows(4, [1.0, 1e6], [1.0, 1.0]) + grad_rows(4, [1.0, 1.0])
+    rows.append(row(0, "fixed", "model", None, "loss", 1.0))
+    return record(label, seed, rows, history([1.0] * 6, [1.0] * 6), diverged_at=7)
+
+
+def test_run_table_reduces_each_run_to_its_numbers():
+    table = run_table(result([_finished("none", 0), _finished("none", 1, scale=3.0), _diverged("CS", 0)], 20))
+    assert list(table.columns) == ["label", "seed", "diverged_at", "loss", "fixed_loss", "feature_osc", "grad_osc",
+                                   "spikes"]
+    assert table.label.tolist() == ["none", "none", "CS"] and table.seed.tolist() == [0, 1, 0]
+    first = table.iloc[0]
+    assert first.feature_osc == pytest.approx(1.5 * LN2)  # mean of ln 2 and ln 4 over the two skips
+    assert first.feature_osc == pytest.approx((oscillation([1, 2, 1], 3).log_step
+                                               + oscillation([1, 4, 1], 3).log_step) / 2)
+    assert first.grad_osc == pytest.approx(0.5)  # mean of 0 and 1
+    assert first.loss == pytest.approx(0.3)
+    assert first.spikes == pytest.approx(0.2)  # the share of late steps (10 and 3.5 > 3; 2.9 is not)
+    assert first.fixed_loss == pytest.approx(0.3)  # the fixed-batch loss at step 20
+    assert pd_isna(first.diverged_at)
+    assert table.iloc[1].feature_osc == pytest.approx(1.5 * LN2)  # the oscillation does not depend on scale
+
+
+def test_run_table_gives_a_diverged_run_nan_and_keeps_its_step():
+    table = run_table(result([_finished("none", 0), _diverged("CS", 0)], 20))
+    diverged = table.iloc[1]
+    assert diverged.diverged_at == 7
+    for column in ("loss", "fixed_loss", "feature_osc", "grad_osc", "spikes"):
+        assert math.isnan(diverged[column]), column
+
+
+def test_run_table_of_a_run_too_short_for_two_late_probes_has_nan_oscillation():
+    rows = feature_rows(0, [1.0], [1.0]) + grad_rows(0, [1.0]) + feature_rows(10, [2.0], [1.0]) + grad_rows(10, [2.0])
+    rows += [row(0, "fixed", "model", None, "loss", 1.0), row(10, "fixed", "model", None, "loss", 0.7)]
+    table = run_table(result([record("none", 0, rows, history([0.5] * 10, [1.0] * 10))], 10))
+    assert math.isnan(table.feature_osc[0]) and math.isnan(table.grad_osc[0])
+    assert table.loss[0] == 0.5 and table.fixed_loss[0] == 0.7 and table.spikes[0] == 0.0
+
+
+
+def _sweep_run(scale, seed, loss, diverged_at=None):
+    rows = feature_rows(0, [1.0], [1.0]) + [row(0, "fixed", "model", None, "loss", 1.0)]
+    run = record(f"none, lr x{scale}", seed, rows, history([loss] * 10, [1.0] * 10), diverged_at)
+    run["run"]["lr_scale"] = scale
+    return run
+
+
+def test_stress_scale_is_the_largest_scale_where_every_run_trains():
+    runs = [_sweep_run(1, 0, 0.32), _sweep_run(1, 1, 0.25), _sweep_run(4, 0, 0.2), _sweep_run(4, 1, 0.29),
+            _sweep_run(8, 0, 0.2), _sweep_run(8, 1, 0.2, diverged_at=5), _sweep_run(16, 0, 0.5)]
+    # best loss 0.2, limit 1.5 * 0.2 = 0.3: x1 has 0.32, x8 a diverged run, x16 0.5
+    assert evidence.stress_scale(result(runs, 10)) == 4.0
+    assert evidence.stress_scale(result(runs, 10), tolerance=1.7) == 4.0  # 0.32 < 0.34: x1 too, x4 still larger
+    assert evidence.stress_scale(result(runs, 10), tolerance=3.0) == 16.0  # 0.5 < 0.6
+    with pytest.raises(ValueError, match="no learning rate of the sweep"):
+        evidence.stress_scale(result([_sweep_run(1, 0, 0.2), _sweep_run(1, 1, 0.2, diverged_at=2)], 10))
+
+
+# -- by_method, MethodSummary, verdict --------------------------------------------------------------
+def _table(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=["label", "seed", "diverged_at", "loss"])
+
+
+def test_by_method_counts_diverged_runs_and_keeps_label_order():
+    nan = float("nan")
+    table = _table([("LS", 0, None, 1.0), ("none", 0, None, 2.0), ("LS", 1, None, 3.0), ("none", 1, 5, nan),
+                    ("none", 2, None, 4.0), ("CS", 0, 9, nan), ("CS", 1, None, 1.0)])
+    summaries = by_method(table, "loss")
+    assert list(summaries) == ["LS", "none", "CS"]
+    ls, none, cs = summaries.values()
+    assert (ls.label, ls.diverged, ls.runs, ls.summary.values) == ("LS", 0, 2, (1.0, 3.0))
+    assert (none.diverged, none.runs, none.summary.mean) == (1, 3, 3.0)
+    assert (cs.diverged, cs.runs, cs.summary) == (1, 2, None)  # one finished run: no interval
+    assert format(cs) == "no interval (fewer than 2 runs finished), 1 of 2 diverged"
+    lo, hi = ls.summary.interval()
+    assert format(ls, ".2f") == f"2.00 [{lo:.2f}, {hi:.2f}]"
+
+
+def test_by_method_rejects_an_unknown_column():
+    with pytest.raises(KeyError, match="no column 'fid'"):
+        by_method(_table([("LS", 0, None, 1.0)]), "fid")
+
+
+def test_verdict_by_intervals():
+    low = MethodSummary("CS", mean_se([1.0, 1.1, 0.9]), 0, 3)
+    high = MethodSummary("none", mean_se([5.0, 5.1, 4.9]), 0, 3)
+    wide = MethodSummary("LS", mean_se([1.0, 3.0, 5.0]), 0, 3)
+    none = MethodSummary("X", None, 2, 3)
+    assert verdict(low, high) == "reproduced"
+    assert verdict(high, low) == "contradicted"
+    assert verdict(low, wide) == "not at this scale"  # overlapping intervals
+    assert verdict(low, none) == verdict(none, high) == "not at this scale"
+    assert {verdict(low, high), verdict(high, low), verdict(low, wide)} == set(evidence.VERDICTS)
+
+
+# -- trend, spread_by -------------------------------------------------------------------------------
+def test_trend_of_monotone_noisy_and_reversed_series():
+    x = list(range(10))
+    rho, p, says = trend(x, [v**2 for v in x])
+    assert (rho, says) == (pytest.approx(1.0), "reproduced") and p < 0.05
+    rho, p, says = trend(x, [-v for v in x])
+    assert (rho, says) == (pytest.approx(-1.0), "contradicted") and p < 0.05
+    rho, p, says = trend(x, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+    assert says == "not at this scale" and p >= 0.05 and -1 < rho < 1
+
+
+def test_trend_without_evidence_is_not_at_this_scale():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert trend([1, 2, 3, 4, 5], [2.0] * 5)[2] == "not at this scale"
+        assert trend([1, 2], [1.0, 2.0])[2] == "not at this scale"
+
+
+def test_trend_of_three_or_four_points_is_not_at_this_scale():
+    assert trend([1, 2, 3], [1.0, 2.0, 3.0])[2] == "not at this scale"
+    assert trend([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])[2] == "not at this scale"
+
+
+def test_spread_by_is_the_ratio_of_geometric_means():
+    import pandas as pd
+
+    frame = pd.DataFrame({"method": ["A"] * 4 + ["B"] * 4, "skip": [1, 2, 3, 4] * 2,
+                          "c": [1.0, 4.0, 1.0, 4.0, 2.0, 8.0, 2.0, 8.0]})
+    spread = spread_by(frame, "c", ["method", "skip"])
+    assert spread == {"method": pytest.approx(2.0), "skip": pytest.approx(4.0)}
+    frame["c"] = 3.0
+    assert spread_by(frame, "c", ["method"]) == {"method": pytest.approx(1.0)}
+
+
+# -- theorem constants and ranges -------------------------------------------------------------------
+def _constant_rows():
+    rows = []
+    for step, norms, loss in ((0, [2.0, 1.0], 0.5), (10, [4.0, 2.0], 0.25), (20, [6.0, 1.0], 0.2)):
+        rows += feature_rows(step, norms, [1.0, 0.5]) + grad_rows(step, [norms[0] * 3, norms[1] * 3])
+        rows.append(row(step, "fixed", "model", None, "loss", loss))
+    return rows
+
+
+def test_feature_constants_divide_by_x_t_and_the_tail_sum():
+    frame = feature_constants(result([record("none", 0, _constant_rows())], 20), x_t_sq=2.0)
+    frame = frame.set_index(["step", "skip"])
+    assert frame.loc[(0, 1), "c"] == pytest.approx(4.0 / (2.0 * 1.25))
+    assert frame.loc[(10, 2), "c"] == pytest.approx(4.0 / (2.0 * 0.25))
+    assert frame.loc[(20, 1), "c"] == pytest.approx(36.0 / 2.5)
+    assert len(frame) == 6
+
+
+def test_feature_ranges_over_the_late_half():
+    frame = feature_ranges(result([record("none", 0, _constant_rows())], 20), x_t_sq=2.0)
+    frame = frame.set_index("skip")
+    # late half (step > 10): only step 20 for steps 20 -> a single probe, range 0
+    assert frame.loc[1, "low"] == frame.loc[1, "high"] == 18.0 and frame.loc[1, "range"] == 0.0
+    frame = feature_ranges(result([record("none", 0, _constant_rows())], 18), x_t_sq=2.0).set_index("skip")
+    # steps 18: late half is step > 9, probes 10 and 20: ||h_1||^2 / ||x_t||^2 in {8, 18}, ||h_2||^2 in {2, 0.5}
+    assert (frame.loc[1, "low"], frame.loc[1, "high"], frame.loc[1, "range"]) == (8.0, 18.0, 10.0)
+    assert (frame.loc[2, "low"], frame.loc[2, "high"], frame.loc[2, "range"]) == (0.5, 2.0, 1.5)
+    assert frame.loc[1, "S"] == 1.25 and frame.loc[2, "S"] == 0.25
+    assert set(frame.columns) >= {"label", "seed", "S", "low", "high", "range"}
+
+
+def test_gradient_constants_divide_by_loss_x_t_and_the_tail_sum():
+    frame = gradient_constants(result([record("none", 0, _constant_rows())], 20), x_t_sq=2.0)
+    assert list(frame.columns) == ["label", "seed", "step", "skip", "grad_norm", "loss", "S", "g"]
+    frame = frame.set_index(["step", "skip"])
+    assert len(frame) == 6  # the block-b gradients only, one per probe and skip
+    assert frame.loc[(0, 1), "g"] == pytest.approx(6.0 / (0.5 * 2.0 * 1.25))
+    assert frame.loc[(10, 2), "g"] == pytest.approx(6.0 / (0.25 * 2.0 * 0.25))
+    assert frame.loc[(20, 1), "grad_norm"] == 18.0 and frame.loc[(20, 1), "loss"] == 0.2
+
+
+# -- adam_table -------------------------------------------------------------------------------------
+def _adam_rows(values_by_step, blocks=(("model", None),)):
+    rows = []
+    for step, value in values_by_step.items():
+        for block, skip in blocks:
+            offset = 0.0 if block == "model" else 100.0 * skip
+            rows += [row(step, "adam", block, skip, q, value + offset + k) for k, q in enumerate(
+                ("exp_avg_abs", "exp_avg_sq", "update_size", "log_v_std", "m_sign_flip"))]
+    return rows
+
+
+def test_adam_table_averages_the_late_half_and_blanks_diverged_runs():
+    blocks = (("model", None), ("b", 1), ("b", 2))
+    finished = record("none", 0, _adam_rows({5: 100.0, 10: 1.0, 15: 2.0, 20: 6.0}, blocks))
+    diverged = record("CS", 0, _adam_rows({5: 1.0, 10: 1.0}, blocks), diverged_at=12)
+    table = adam_table(result([finished, diverged], 20))
+    assert table.label.tolist() == ["none", "CS"] and table.diverged_at.tolist()[1] == 12
+    assert table.loc[0, "exp_avg_abs"] == pytest.approx(4.0)  # mean over steps 15 and 20
+    assert table.loc[0, "m_sign_flip"] == pytest.approx(8.0)  # + 4 for the fifth quantity
+    assert all(math.isnan(table.loc[1, q]) for q in ("exp_avg_abs", "exp_avg_sq", "update_size"))
+    decoder = adam_table(result([finished], 20), block="b")
+    assert decoder.loc[0, "exp_avg_abs"] == pytest.approx(4.0 + 150.0)  # the mean over b_1 (+100) and b_2 (+200)
+
+
+# -- robustness_table -------------------------------------------------------------------------------
+def _robust_rows(step, kappas, block_lips, model_lip, changes):
+    rows = [row(0, "features", None, i, "kappa", 1.0) for i in range(1, len(kappas) + 1)]  # an earlier probe
+    rows += [row(step, "features", None, i, "kappa", k) for i, k in enumerate(kappas, start=1)]
+    rows += [row(step, "features", None, i, "kappa_rms", 2 * k) for i, k in enumerate(kappas, start=1)]
+    for sigma, (output, loss) in changes.items():
+        rows += [row(step, "robustness", "model", None, "output_change", output, sigma),
+                 row(step, "robustness", "model", None, "loss_change", loss, sigma),
+                 row(step, "robustness", "model", None, "loss", 9.0, sigma)]
+    for (block, i), lip in block_lips.items():
+        rows.append(row(step, "lipschitz", block, i, "jacobian_norm", lip))
+    return rows + [row(step, "lipschitz", "model", None, "jacobian_norm", model_lip)]
+
+
+def test_robustness_table_picks_sigma_and_computes_the_bound():
+    lips = {("a", 1): 1.5, ("a", 2): 2.0, ("b", 1): 3.0, ("b", 2): 0.5}
+    finished = record("CS", 0, _robust_rows(20, [1.0, 0.5], lips, 7.0, {0.1: (0.3, 0.01), 0.2: (0.6, 0.04)}))
+    diverged = record("none", 0, feature_rows(0, [1.0, 1.0], [1.0, 1.0]), diverged_at=3)
+    table = robustness_table(result([finished, diverged], 20), sigma=0.2)
+    assert list(table.columns) == ["label", "seed", "diverged_at", "output_change", "loss_change", "jacobian", "m0",
+                                   "bound"]
+    assert table.label.tolist() == ["CS", "none"] and table.diverged_at[1] == 3
+    assert table.iloc[1][["output_change", "loss_change", "jacobian", "m0", "bound"]].isna().all()  # no end probes
+    only = table.iloc[0]
+    assert (only.output_change, only.loss_change, only.jacobian, only.m0) == (0.6, 0.04, 7.0, 3.0)
+    assert only.bound == pytest.approx(robustness_factor([1.0, 0.5], 3.0)) and only.bound == pytest.approx(7.5)
+    assert robustness_table(result([finished], 20), sigma=0.1).output_change.item() == 0.3
+
+
+def test_robustness_table_names_the_sigmas_it_has():
+    lips = {("a", 1): 1.0, ("b", 1): 1.0}
+    finished = record("CS", 0, _robust_rows(20, [1.0], lips, 1.0, {0.1: (0.3, 0.01), 0.5: (0.6, 0.04)}))
+    with pytest.raises(ValueError, match=r"sigma 0.3 was not probed; .* have \[.*0\.1.*, .*0\.5.*\]"):
+        robustness_table(result([finished], 20), sigma=0.3)
+
+
+def test_robustness_table_lists_the_sigmas_as_plain_numbers():
+    lips = {("a", 1): 1.0, ("b", 1): 1.0}
+    finished = record("CS", 0, _robust_rows(20, [1.0], lips, 1.0, {0.1: (0.3, 0.01), 0.5: (0.6, 0.04)}))
+    with pytest.raises(ValueError, match=r" have \[0\.1, 0\.5\]$"):
+        robustness_table(result([finished], 20), sigma=0.3)
+
+
+def test_robustness_table_when_the_last_feature_probe_is_before_the_end():
+    lips = {("a", 1): 2.0, ("b", 1): 2.0}
+    rows = _robust_rows(20, [1.0, 0.5], lips, 1.0, {0.1: (0.3, 0.01)})
+    rows = [dict(r, step=25) if r["probe"] in ("robustness", "lipschitz") else r for r in rows]  # 25 % 10 != 0
+    table = robustness_table(result([record("CS", 0, rows)], 25), sigma=0.1)
+    assert table.bound.item() == pytest.approx(robustness_factor([1.0, 0.5], 2.0))
+
+
+# -- xt_norm_ratio (Lemma 3.2 on real images) -------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits8x8", image_size=16).tensors()[0]
+
+
+def test_xt_norm_ratio_matches_its_expectation_on_digits(digits):
+    frame = xt_norm_ratio(digits, linear_schedule(), [0, 100, 300, 600, 999])
+    assert list(frame.columns) == ["t", "mean", "q05", "q95", "expected"]
+    assert frame.t.tolist() == [0, 100, 300, 600, 999]
+    assert ((frame["mean"] - frame.expected).abs() / frame.expected).max() < 0.01  # 1617 images: within 1%
+    assert frame.expected.is_monotonic_increasing  # mostly-black digits: from E||x_0||^2 / m (about 0.56) up to 1
+    assert ((frame.q05 < frame["mean"]) & (frame["mean"] < frame.q95)).all()
+    x0 = digits.flatten(1).square().sum(1).mean().item() / digits[0].numel()
+    assert frame.expected[0] == pytest.approx(x0, abs=2e-4)  # abar_0 = 1 - 1e-4
+    assert frame.expected.iloc[-1] == pytest.approx(1.0, abs=1e-3)  # pure noise at the end
+    again = xt_norm_ratio(digits, linear_schedule(), [0, 100, 300, 600, 999])
+    assert again.equals(frame)  # seeded
+    assert xt_norm_ratio(digits, linear_schedule(), [600], seed=1)["mean"][0] != frame["mean"][3]
+
+
+def test_xt_norm_ratio_at_an_unnoised_step_is_the_datas_own_ratio(digits):
+    schedule = DiscreteSchedule(torch.linspace(1.0, 0.01, 50, dtype=torch.float64))  # abar_0 = 1 exactly
+    frame = xt_norm_ratio(digits, schedule, [0, 49])
+    x0 = digits.flatten(1).square().sum(1).mean().item() / digits[0].numel()
+    assert frame.expected[0] == x0
+    assert frame["mean"][0] == pytest.approx(x0, rel=1e-6)
+    assert frame.expected[1] == pytest.approx(0.01 * x0 + 0.99)
+
+
+# -- Claim, claims_table ----------------------------------------------------------------------------
+def test_claim_rejects_an_unknown_verdict():
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        Claim(3, "CS damps oscillation", "less oscillation", "confirmed")
+
+
+def test_claims_table_columns_and_rows():
+    claims = [Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", "reproduced"),
+              Claim(3, "LS beats CS", "overlapping", "not at this scale")]
+    table = claims_table(claims)
+    assert list(table.columns) == ["the paper claims", "we measured", "verdict"]
+    assert table.verdict.tolist() == ["reproduced", "not at this scale"]
+    assert table.iloc[0, 0] == "CS damps feature oscillation" and len(claims_table([])) == 0

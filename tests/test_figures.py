@@ -1,0 +1,156 @@
+"""Tests of scalelong_edu.figures: colours per method, Lemma 3.2's figure, curves over training, forest plots
+of intervals, points against the tail sum, robustness curves (Agg backend and closing: conftest.py)."""
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from scalelong_edu.evidence import MethodSummary
+from scalelong_edu.figures import (
+    method_colors,
+    plot_against_tail_sum,
+    plot_intervals,
+    plot_over_training,
+    plot_robustness,
+    plot_xt_ratio,
+)
+from scalelong_edu.stats import mean_se
+
+LABELS = ["none", "CS", "LS"]
+
+
+def legend_texts(legend):
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_method_colors_one_distinct_colour_per_label_in_order():
+    colors = method_colors(LABELS)
+    assert list(colors) == LABELS
+    assert len(set(colors.values())) == 3
+    assert method_colors(LABELS[:2]) == {k: colors[k] for k in LABELS[:2]}  # the same palette, prefix-stable
+
+
+def test_plot_xt_ratio_draws_measured_band_and_expectation_per_dataset():
+    frame = pd.DataFrame({"t": [0, 500, 999], "mean": [0.6, 0.8, 1.0], "q05": [0.4, 0.7, 0.9],
+                          "q95": [0.8, 0.9, 1.1], "expected": [0.6, 0.8, 1.0]})
+    ax = plot_xt_ratio({"digits": frame, "cifar": frame.assign(mean=frame["mean"] * 0.5)})
+    assert isinstance(ax, Axes)
+    # per dataset: measured + dashed expectation; the legend proxy; the y = 1 line
+    assert len(ax.get_lines()) == 2 * 2 + 2
+    assert len(ax.collections) == 2  # one band per dataset
+    assert legend_texts(ax.get_legend()) == ["digits: measured", "cifar: measured", "exact expectation"]
+    assert list(ax.get_lines()[2].get_ydata()) == [0.3, 0.4, 0.5]
+
+
+def test_plot_xt_ratio_draws_into_a_given_axes():
+    _, ax = plt.subplots()
+    frame = pd.DataFrame({"t": [0, 1], "mean": [1.0, 1.0], "q05": [0.9, 0.9], "q95": [1.1, 1.1],
+                          "expected": [1.0, 1.0]})
+    assert plot_xt_ratio({"x": frame}, ax=ax) is ax
+
+
+def _over_training():
+    rows = [(label, seed, step, skip, (skip + seed) * (step + 1))
+            for label in ("none", "CS") for seed in (0, 1) for step in (0, 10, 20) for skip in (1, 2, 3)]
+    return pd.DataFrame(rows, columns=["label", "seed", "step", "skip", "norm"])
+
+
+def test_plot_over_training_one_panel_per_frame_and_method_one_line_per_skip():
+    frame = _over_training()
+    fig = plot_over_training({"gentle": frame, "stress": frame}, "norm", ["none", "CS"], "norm")
+    assert isinstance(fig, Figure)
+    axes = fig.get_axes()
+    assert len(axes) == 4
+    assert all(len(ax.get_lines()) == 3 for ax in axes)
+    assert axes[0].get_title() == "none\ngentle" and axes[3].get_title() == "CS\nstress"
+    assert all(ax.get_yscale() == "log" for ax in axes)
+    assert len(fig.legends) == 1 and legend_texts(fig.legends[0]) == ["skip 1", "skip 2", "skip 3"]
+    mean = axes[0].get_lines()[0].get_ydata()  # none, skip 1: mean over seeds 0 and 1 of (1 + seed) * (step + 1)
+    assert list(mean) == pytest.approx([1.5, 16.5, 31.5])
+
+
+def test_plot_over_training_linear_axes_on_request():
+    fig = plot_over_training({"gentle": _over_training()}, "norm", ["CS"], "norm", log=False)
+    assert [ax.get_yscale() for ax in fig.get_axes()] == ["linear"]
+
+
+def _summaries(diverged_ls=0, ls_interval=True):
+    return {"none": MethodSummary("none", mean_se([1.0, 1.2, 1.1]), 0, 3),
+            "CS": MethodSummary("CS", mean_se([0.5, 0.6, 0.7]), 0, 3),
+            "LS": MethodSummary("LS", mean_se([0.4, 0.5]) if ls_interval else None, diverged_ls, 3)}
+
+
+def test_plot_intervals_one_panel_per_setting_and_hidden_extra_panels():
+    panels = {"U-ViT gentle": _summaries(), "U-ViT stress": _summaries(1), "UNet gentle": _summaries(2, False)}
+    fig = plot_intervals(panels, "final loss")
+    axes = fig.get_axes()
+    assert len(axes) == 4 and [ax.get_visible() for ax in axes] == [True, True, True, False]
+    assert [ax.get_title() for ax in axes[:3]] == list(panels)
+    assert all(ax.get_xlabel() == "final loss" for ax in axes[:3])
+    # per method with an interval: the bar, the mean, the seeds
+    assert len(axes[0].get_lines()) == 3 * 3 and len(axes[2].get_lines()) == 2 * 3
+    assert [t.get_text() for t in axes[2].texts] == ["no interval"]
+    assert not axes[0].texts
+    bar = axes[0].get_lines()[0]
+    assert list(bar.get_xdata()) == pytest.approx(panels["U-ViT gentle"]["none"].summary.interval())
+    assert list(axes[0].get_lines()[2].get_xdata()) == [1.0, 1.2, 1.1]  # one tick per seed
+
+
+def test_plot_intervals_marks_diverged_runs_and_puts_the_first_method_on_top():
+    ax = plot_intervals({"U-ViT stress": _summaries(1)}, "final loss").get_axes()[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["none", "CS", "LS (1 diverged)"]
+    assert ax.yaxis_inverted()  # legend order top to bottom
+
+
+def test_plot_intervals_each_panel_shows_its_own_diverged_counts():
+    axes = plot_intervals({"gentle": _summaries(0), "stress": _summaries(1)}, "loss", ncols=1).get_axes()
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["none", "CS", "LS"]
+    assert [t.get_text() for t in axes[1].get_yticklabels()] == ["none", "CS", "LS (1 diverged)"]
+
+
+def test_plot_intervals_first_method_on_top_with_two_panels():
+    axes = plot_intervals({"gentle": _summaries(), "stress": _summaries()}, "loss").get_axes()
+    assert all(ax.yaxis_inverted() for ax in axes)
+
+
+def test_plot_intervals_one_xlabel_per_panel_and_given_colours():
+    colors = {"none": (1, 0, 0), "CS": (0, 1, 0), "LS": (0, 0, 1)}
+    fig = plot_intervals({"a": _summaries(), "b": _summaries()}, ["loss", "oscillation"], colors=colors, ncols=1)
+    axes = fig.get_axes()
+    assert len(axes) == 2 and [ax.get_xlabel() for ax in axes] == ["loss", "oscillation"]
+    assert axes[0].get_lines()[3].get_color() == (0, 1, 0)  # CS's bar
+
+
+def test_plot_intervals_with_different_methods_per_panel():
+    fig = plot_intervals({"a": {"none": _summaries()["none"]}, "b": {"CS": _summaries()["CS"]}}, "loss")
+    assert len(fig.get_axes()) == 2
+
+
+def _points():
+    return pd.DataFrame({"label": ["none"] * 3 + ["CS"] * 3, "S": [3.0, 2.0, 1.0, 1.3, 0.3, 0.06],
+                         "c": [1.0, 2.0, 3.0, 0.5, 0.7, 0.9]})
+
+
+def test_plot_against_tail_sum_one_scatter_per_method_on_log_axes():
+    colors = method_colors(["none", "CS"])
+    ax = plot_against_tail_sum(_points(), "c", "constant", colors)
+    assert isinstance(ax, Axes)
+    assert len(ax.collections) == 2
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert legend_texts(ax.get_legend()) == ["none", "CS"]
+    assert ax.collections[1].get_offsets().tolist() == [[1.3, 0.5], [0.3, 0.7], [0.06, 0.9]]
+    assert ax.get_ylabel() == "constant"
+
+
+def test_plot_robustness_one_curve_per_method_mean_over_seeds():
+    rows = [(label, seed, sigma, q, v * (1 + seed) * sigma)
+            for label, v in (("none", 2.0), ("CS", 1.0)) for seed in (0, 1, 2) for sigma in (0.0, 0.1, 0.2)
+            for q in ("output_change", "loss_change")]
+    frame = pd.DataFrame(rows, columns=["label", "seed", "sigma", "quantity", "value"])
+    ax = plot_robustness(frame, "output_change", "output change", method_colors(["none", "CS"]))
+    assert len(ax.get_lines()) == 2 and len(ax.collections) == 2
+    assert legend_texts(ax.get_legend()) == ["none", "CS"]
+    assert list(ax.get_lines()[0].get_xdata()) == [0.0, 0.1, 0.2]
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([0.0, 0.4, 0.8])  # mean of 2 * (1..3) * sigma
