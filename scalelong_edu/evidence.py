@@ -124,6 +124,18 @@ def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
     return float(ok[ok].index.max())
 
 
+def confident_samples(result: ExperimentResult, classifier: torch.nn.Module, threshold: float = 0.9) -> list[float]:
+    """Per run, in the order of ``result.runs`` (and of :func:`run_table`), the share of its samples
+    that ``classifier`` (:func:`scalelong_edu.metrics.get_feature_classifier`) assigns to a class
+    with probability above ``threshold``: a check that the model learned to draw digits. ``NaN``
+    for a diverged run."""
+    from .metrics import classifier_confidence
+
+    return [float("nan") if r["diverged_at"] is not None else
+            (classifier_confidence(result.samples(r["label"], r["run"]["seed"]), classifier) > threshold)
+            .float().mean().item() for r in result.runs]
+
+
 def _mean_osc(frame: pd.DataFrame, column: str, window: int) -> float:
     groups = [g.sort_values("step")[column] for _, g in frame.groupby("skip")]
     if not groups or len(groups[0]) < 2:  # a run too short to have two late probes (ci sweeps)
@@ -267,7 +279,8 @@ def robustness_table(result: ExperimentResult, sigma: float) -> pd.DataFrame:
     ``jacobian``, the network's measured input Lipschitz factor; ``m0``, the largest block factor
     (the theorem's ``M_0``: every block stretches its input at most that much); ``bound``,
     :func:`scalelong_edu.theory.robustness_factor` of the last probed effective ``kappa_i`` and
-    ``m0``. Diverged runs have no end-of-training probes: ``NaN``.
+    ``m0``; ``m0_median`` and ``bound_median``, the same with the median block factor (a typical
+    block rather than the worst). Diverged runs have no end-of-training probes: ``NaN``.
     """
     import pandas as pd
 
@@ -285,13 +298,15 @@ def robustness_table(result: ExperimentResult, sigma: float) -> pd.DataFrame:
                 raise ValueError(f"sigma {sigma} was not probed; the runs have {probed}")
             kappa = run[run.quantity == "kappa"]  # Theorem 3.4's factor is linear in kappa_i: the mean gate
             kappas = kappa[kappa.step == kappa.step.max()].sort_values("skip").value.tolist()
-            m0 = lip[lip.block != "model"].value.max()
+            blocks = lip[lip.block != "model"].value
             row |= {"output_change": rob[rob.quantity == "output_change"].value.item(),
                     "loss_change": rob[rob.quantity == "loss_change"].value.item(),
                     "jacobian": lip[lip.block == "model"].value.item(),
-                    "m0": m0, "bound": robustness_factor(kappas, m0)}
+                    "m0": blocks.max(), "bound": robustness_factor(kappas, blocks.max()),
+                    "m0_median": blocks.median(), "bound_median": robustness_factor(kappas, blocks.median())}
         rows.append(row)
-    columns = ["label", "seed", "diverged_at", "output_change", "loss_change", "jacobian", "m0", "bound"]
+    columns = ["label", "seed", "diverged_at", "output_change", "loss_change", "jacobian", "m0", "bound", "m0_median",
+               "bound_median"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -341,7 +356,7 @@ def claims_table(claims: list[Claim]) -> pd.DataFrame:
                         columns=["the paper claims", "we measured", "verdict"])
 
 
-__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "claims_table", "feature_constants",
+__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "confident_samples", "claims_table", "feature_constants",
            "feature_ranges", "features", "gradient_constants", "robustness_table", "run_table", "spread_by", "stress_scale",
            "trend",
            "verdict", "xt_norm_ratio"]

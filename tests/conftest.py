@@ -1,6 +1,7 @@
-"""Shared test set-up: figures render off-screen and are closed after every test."""
+"""Shared test set-up: one intra-op thread, figures render off-screen and are closed after every test."""
 
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 
@@ -12,3 +13,13 @@ import pytest  # noqa: E402
 def close_figures():
     yield
     plt.close("all")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tests' models are tiny: intra-op threads gain nothing, and on a busy 2-core machine they
+    cost up to ten times the run time waiting for each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

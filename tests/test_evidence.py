@@ -339,12 +339,13 @@ def test_robustness_table_picks_sigma_and_computes_the_bound():
     diverged = record("none", 0, feature_rows(0, [1.0, 1.0], [1.0, 1.0]), diverged_at=3)
     table = robustness_table(result([finished, diverged], 20), sigma=0.2)
     assert list(table.columns) == ["label", "seed", "diverged_at", "output_change", "loss_change", "jacobian", "m0",
-                                   "bound"]
+                                   "bound", "m0_median", "bound_median"]
     assert table.label.tolist() == ["CS", "none"] and table.diverged_at[1] == 3
     assert table.iloc[1][["output_change", "loss_change", "jacobian", "m0", "bound"]].isna().all()  # no end probes
     only = table.iloc[0]
     assert (only.output_change, only.loss_change, only.jacobian, only.m0) == (0.6, 0.04, 7.0, 3.0)
     assert only.bound == pytest.approx(robustness_factor([1.0, 0.5], 3.0)) and only.bound == pytest.approx(7.5)
+    assert only.m0_median == 1.75 and only.bound_median == pytest.approx(1.75 + 0.5 * 1.75**2)
     assert robustness_table(result([finished], 20), sigma=0.1).output_change.item() == 0.3
 
 

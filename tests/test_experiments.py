@@ -28,15 +28,6 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sw
          "depth-sweep", "block-output", "ls-per-skip"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they cost 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(autouse=True)
 def tmp_results(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))

@@ -144,6 +144,15 @@ def test_plot_against_tail_sum_one_scatter_per_method_on_log_axes():
     assert ax.get_ylabel() == "constant"
 
 
+def test_plot_against_tail_sum_marks_each_setting_with_its_own_marker():
+    frame = _points().assign(setting=["gentle", "stress"] * 3)
+    ax = plot_against_tail_sum(frame, "c", "constant", method_colors(["none", "CS"]), marker_by="setting")
+    assert len(ax.collections) == 4  # method x setting
+    assert legend_texts(ax.get_legend()) == ["none", "CS", "gentle", "stress"]
+    shapes = {tuple(c.get_offsets().tolist()[0]): c.get_paths()[0].vertices.shape for c in ax.collections}
+    assert shapes[(3.0, 1.0)] != shapes[(2.0, 2.0)]  # none/gentle and none/stress differ in marker
+
+
 def test_plot_robustness_one_curve_per_method_mean_over_seeds():
     rows = [(label, seed, sigma, q, v * (1 + seed) * sigma)
             for label, v in (("none", 2.0), ("CS", 1.0)) for seed in (0, 1, 2) for sigma in (0.0, 0.1, 0.2)

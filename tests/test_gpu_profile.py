@@ -33,15 +33,6 @@ EVERY_METHOD = ex.Experiment(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """On a busy 2-core machine intra-op threads cost more than they give."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def stand_in_cifar10(monkeypatch, tmp_path):
     """Random uint8 images of CIFAR-10's shape under the name ``cifar10``, offline."""

@@ -26,15 +26,6 @@ from scalelong_edu.metrics import (FeatureClassifier, classifier_confidence, fcd
 STEPS = 150  # training budget of the test classifier: seconds on one CPU thread
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Train on one thread: these models are tiny, and on a busy 2-core machine extra threads only wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def digits() -> dict[str, torch.Tensor]:
     return {split: load_dataset("digits8x8", split).tensors()[0] for split in ("train", "test")}

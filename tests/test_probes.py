@@ -29,15 +29,6 @@ PRESETS = ["uvit-ci", "unet-ci"]
 DROPOUT = {"uvit-ci": {}, "unet-ci": {"dropout": 0.5}}  # the U-ViT has no dropout
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine they cost 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(preset, method="none", kappa=0.5, **kw):
     torch.manual_seed(0)
     return build_model(preset, 1, 16, method, kappa, **kw)
