@@ -367,7 +367,7 @@ def run_experiment(
 
     if path.exists() and not force:
         result = load_result(path, experiment.name)
-        say(f"loaded from the cache {path}, {result.describe()}")
+        say(f"loaded from the cache: {path.name}\n  {result.describe()}")
         return result
     dev = pick_device(device)
     if rank == 0:  # fail now, not after hours of training

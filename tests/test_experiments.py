@@ -313,7 +313,7 @@ def test_a_cached_load_says_where_and_when(tmp_results, capsys):
     ex.run_experiment("quick", TINY, progress=False)
     result = ex.run_experiment("quick", TINY)
     out = capsys.readouterr().out
-    assert f"loaded from the cache {result.path}, computed {result.provenance['started']} on cpu" in out
+    assert f"loaded from the cache: {result.path.name}\n  computed {result.provenance['started']} on cpu" in out
 
 
 def test_divergence_is_recorded_not_hidden(monkeypatch):
