@@ -134,12 +134,16 @@ def plot_against_tail_sum(
     return ax
 
 
-def plot_robustness(frame: pd.DataFrame, quantity: str, ylabel: str, colors: Mapping[str, tuple]) -> Axes:
+def plot_robustness(
+    frame: pd.DataFrame, quantity: str, ylabel: str, colors: Mapping[str, tuple], ax: Axes | None = None
+) -> Axes:
     """Theorem 3.4 / paper Fig. 3c: ``quantity`` against ``sigma``, per method the mean over seeds
-    and its 95% interval (``frame``: robustness probe rows with ``label, seed, sigma``)."""
+    and its 95% interval (``frame``: robustness probe rows with ``label, seed, sigma``), on ``ax``
+    or a new figure."""
     from scipy.stats import t as student
 
-    _, ax = plt.subplots(figsize=(7, 4))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
     rows = frame[frame.quantity == quantity]
     for label, by_label in rows.groupby("label", sort=False):
         stats = by_label.groupby("sigma").value.agg(["mean", "sem", "count"])

@@ -153,6 +153,14 @@ def test_plot_against_tail_sum_marks_each_setting_with_its_own_marker():
     assert shapes[(3.0, 1.0)] != shapes[(2.0, 2.0)]  # none/gentle and none/stress differ in marker
 
 
+def test_plot_robustness_draws_on_given_axes():
+    rows = [(label, 0, sigma, "output_change", sigma) for label in ("none", "CS") for sigma in (0.0, 0.1)]
+    frame = pd.DataFrame(rows, columns=["label", "seed", "sigma", "quantity", "value"])
+    _, ax = plt.subplots()
+    assert plot_robustness(frame, "output_change", "change", method_colors(["none", "CS"]), ax=ax) is ax
+    assert len(ax.lines) == 2
+
+
 def test_plot_robustness_one_curve_per_method_mean_over_seeds():
     rows = [(label, seed, sigma, q, v * (1 + seed) * sigma)
             for label, v in (("none", 2.0), ("CS", 1.0)) for seed in (0, 1, 2) for sigma in (0.0, 0.1, 0.2)
