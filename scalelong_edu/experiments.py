@@ -298,7 +298,7 @@ def train_run(
     if diverged_at is None:
         x0, t, _ = batch
         recorder.rows += robustness(trainer.ema, x0, t, schedule, experiment.robustness_sigmas, step=trainer.step)
-        x_t = q_sample(*batch[:2], schedule, batch[2])
+        x_t = q_sample(x0, t, schedule, batch[2])
         recorder.rows += lipschitz(trainer.ema, x_t, schedule.model_time(t), step=trainer.step)
         gen = torch.Generator(trainer.device).manual_seed(run.seed)
         samples = ddim_sample(trainer.ema, schedule, (profile.n_samples, *images.shape[1:]),

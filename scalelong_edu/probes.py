@@ -71,6 +71,18 @@ def _row(step: int | None, probe: str, block: str | None, skip: int | None, quan
     return dict(step=step, probe=probe, block=block, skip=skip, sigma=sigma, quantity=quantity, value=float(value))
 
 
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the ``with`` block; every module's own mode is restored on exit."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
 def named_blocks(model: nn.Module) -> list[tuple[str, int, nn.Module]]:
     """``("a", i, a_i)`` for i = 1 .. N, then ``("b", i, b_i)``: the blocks every probe reports on."""
     if not all(hasattr(model, name) for name in ("n_skips", "encoder_blocks", "decoder_blocks", "scaling")):
@@ -284,9 +296,7 @@ def robustness(
     x_t = q_sample(x0, t, schedule, eps)
     time = schedule.model_time(t)
 
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
+    with _eval_mode(model):
         clean = model(x_t, time).float()
         clean_loss = (clean - eps.float()).square().flatten(1).mean(1)
         clean_norm = torch.linalg.vector_norm(clean.flatten(1), dim=1)
@@ -300,9 +310,6 @@ def robustness(
                 _row(step, "robustness", "model", None, quantity, value, sigma)
                 for quantity, value in zip(("output_change", "output_change_rel", "loss", "loss_change"), values)
             ]
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
     return rows
 
 
@@ -338,9 +345,7 @@ def probe_fixed_batch(
     (set to ``None``), so call it after ``optimizer.step()``, never between backward and step.
     """
     x0, t, eps = batch
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
+    with _eval_mode(model):
         with FeatureNorms(model, step) as features:
             pred = model(q_sample(x0, t, schedule, eps), schedule.model_time(t))
         loss = (pred.float() - eps.float()).square().mean()
@@ -348,9 +353,6 @@ def probe_fixed_batch(
         loss.backward()
         rows = [*features.rows, _row(step, "fixed", "model", None, "loss", loss.item()), *grad_norms(model, step)]
         model.zero_grad(set_to_none=True)
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
     return rows
 
 
@@ -401,14 +403,14 @@ def lipschitz(model: nn.Module, x_t: Tensor, time: Tensor, iters: int = 10, seed
         inputs[key] = (tuple(a.detach() if isinstance(a, Tensor) else a for a in args), kwargs)
 
     blocks = named_blocks(model)
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    handles = [m.register_forward_pre_hook(partial(keep, (b, i)), with_kwargs=True) for b, i, m in blocks]
-    try:
-        with torch.no_grad():
-            model(x_t, time)
-        for handle in handles:
-            handle.remove()
+    with _eval_mode(model):
+        handles = [m.register_forward_pre_hook(partial(keep, (b, i)), with_kwargs=True) for b, i, m in blocks]
+        try:
+            with torch.no_grad():
+                model(x_t, time)
+        finally:
+            for handle in handles:
+                handle.remove()
         rows = []
         for block, i, module in blocks:
             args, kwargs = inputs[(block, i)]
@@ -416,11 +418,6 @@ def lipschitz(model: nn.Module, x_t: Tensor, time: Tensor, iters: int = 10, seed
             rows.append(_row(step, "lipschitz", block, i, "jacobian_norm", norms.mean().item()))
         norms = jacobian_norm(lambda z: model(z, time), x_t, iters, seed)
         rows.append(_row(step, "lipschitz", "model", None, "jacobian_norm", norms.mean().item()))
-    finally:
-        for handle in handles:
-            handle.remove()
-        for m, mode in modes.items():
-            m.training = mode
     return rows
 
 
