@@ -41,6 +41,7 @@ import torch
 
 from . import __version__
 from .data import data_root, load_dataset
+from .metrics import fcd, get_feature_classifier
 from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
 from .files import atomic_write, check_writable
 from .models import build_model, count_parameters
@@ -95,6 +96,9 @@ class Experiment:
         seeds: seeds per run; ``None`` takes the profile's ``seeds``.
         step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
             has to find a setting can run shorter).
+        fd_points: how many times, evenly spaced over training, to measure the EMA model's
+            Frechet classifier distance on :data:`FD_SAMPLES` fresh samples (0: only the end grid).
+        end_probes: measure robustness and Lipschitz factors at the end of each run.
     """
 
     name: str
@@ -105,6 +109,8 @@ class Experiment:
     adam_stats: bool = True
     seeds: int | None = None
     step_fraction: float = 1.0
+    fd_points: int = 0
+    end_probes: bool = True
 
     def steps(self, profile: Profile) -> int:
         """Training steps of every run under ``profile``."""
@@ -123,10 +129,20 @@ class Experiment:
         """The full, JSON-able description that keys the cache: the runs as trained (seeds and
         learning rates resolved) and the profile's sizes."""
         settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction")}
+        for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
+            if settings[key] == default:
+                del settings[key]
         sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds")}
         sizes["steps"] = self.steps(profile)
         return {"cache_version": CACHE_VERSION, "experiment": settings,
                 "runs": [asdict(run) for run in self.plan(profile)], "profile": sizes}
+
+
+LATER_SETTINGS = {"fd_points": 0, "end_probes": True}
+"""Settings added after results were cached: they enter the spec only when not at these defaults."""
+FD_SAMPLES = 128
+"""Samples per Frechet-distance evaluation during training: twice the classifier's 64 feature
+dimensions, so the sample covariance is not singular."""
 
 
 BACKBONES = {"uvit": "U-ViT", "unet": "conv UNet"}
@@ -135,6 +151,11 @@ REGIMES = ("gentle", "stress")
 
 METHODS = (("none", "none", 1.0), ("1/sqrt(2)-CS", "sqrt2-cs", 1.0), ("CS (kappa=0.5)", "cs", 0.5), ("LS", "ls", 1.0))
 """The methods every comparison runs: label, :func:`scalelong_edu.scaling.make_scaling` name, kappa."""
+
+
+SCALING_METHODS = (*METHODS[:2], *((f"CS (kappa={k:g})", "cs", k) for k in (0.3, 0.5, 0.7, 0.9)),
+                   METHODS[3], ("LS per skip", "ls-per-skip", 1.0))
+"""The methods of chapters 6-7: the comparison's, with CS on a grid of kappa and LS per skip."""
 
 
 def _methods(backbone: str, regime: str) -> tuple[RunSpec, ...]:
@@ -155,8 +176,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
                      "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
           for b, name in BACKBONES.items()),
-        Experiment("kappa-sweep", "U-ViT with CS at kappa = 0.3 .. 1.0 (the paper suggests 0.5 to 0.95)",
-                   tuple(RunSpec(f"kappa={k:g}", method="cs", kappa=k) for k in (0.3, 0.5, 0.7, 0.85, 1.0))),
         Experiment("depth-sweep", "U-ViT with N = 2, 6, 10 long skips: none vs 1/sqrt(2)-CS vs CS (reviewer Q3)",
                    tuple(RunSpec(f"{label}, N={d // 2}", method=m, model_overrides=(("depth", d),))
                          for d in (4, 12, 20) for label, m in (("none", "none"), ("1/sqrt(2)-CS", "sqrt2-cs"),
@@ -164,8 +183,15 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("block-output", "U-ViT: CS on the skips vs Hanin-Rolnick scaling of the block outputs",
                    (RunSpec("none"), RunSpec("CS (kappa=0.5)", method="cs"),
                     RunSpec("block-output (eta=0.5)", method="block-output"))),
-        Experiment("ls-per-skip", "U-ViT: LS with one shared calibration network vs one per skip",
-                   (RunSpec("LS shared", method="ls"), RunSpec("LS per skip", method="ls-per-skip"))),
+        *(Experiment(f"scaling-{b}", f"{name}, gentle regime: none, 1/sqrt(2)-CS, CS at kappa 0.3 .. 0.9, LS "
+                     "shared and per skip, with the Frechet distance over training (chapters 6-7)",
+                     tuple(RunSpec(label, b, method, kappa) for label, method, kappa in SCALING_METHODS),
+                     adam_stats=False, fd_points=6, end_probes=False)
+          for b, name in BACKBONES.items()),
+        Experiment("kappa-uvit-stress", "U-ViT, stress regime: CS at kappa 0.3, 0.7, 0.9 (with uvit-stress, "
+                   "the kappa grid where training is pushed hard)",
+                   tuple(RunSpec(f"CS (kappa={k:g})", "uvit", "cs", k, regime="stress") for k in (0.3, 0.7, 0.9)),
+                   adam_stats=False, end_probes=False),
     )
 }
 
@@ -257,6 +283,25 @@ class _ProbeEvery(Callback):
             self.recorder.after_step(step)
 
 
+class _FrechetAt(Callback):
+    """The EMA model's Frechet classifier distance (:func:`scalelong_edu.metrics.fcd`) at given steps,
+    on :data:`FD_SAMPLES` DDIM samples drawn from the same noise at every evaluation."""
+
+    def __init__(self, steps: set[int], profile: Profile, schedule: Schedule, reference: torch.Tensor, seed: int):
+        self.steps, self.profile, self.schedule, self.reference, self.seed = steps, profile, schedule, reference, seed
+        self.classifier = get_feature_classifier(profile.dataset, profile.image_size, progress=False)
+        self.rows: dict[str, list] = {"step": [], "fcd": []}
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if step not in self.steps:
+            return
+        gen = torch.Generator(trainer.device).manual_seed(self.seed)
+        samples = ddim_sample(trainer.ema, self.schedule, (FD_SAMPLES, *self.reference.shape[1:]),
+                              steps=self.profile.sample_steps, device=trainer.device, generator=gen)
+        self.rows["step"].append(step)
+        self.rows["fcd"].append(float(f"{fcd(samples.cpu(), self.reference, self.classifier):.6g}"))
+
+
 def fixed_batch(profile: Profile, schedule: Schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``(x0, t, eps)`` every run of every experiment is probed on: the first ``batch_size``
     held-out images, ``t`` stratified over the schedule (:func:`scalelong_edu.probes.probe_batch`)."""
@@ -285,6 +330,11 @@ def train_run(
     recorder = ProbeRecorder(trainer.model, trainer.optimizer)
     recorder.fixed_batch(0, batch, schedule)
     trainer.callbacks.append(_ProbeEvery(recorder, profile.eval_every, batch, schedule, experiment.adam_stats))
+    if experiment.fd_points:
+        steps = {round(config.steps * k / experiment.fd_points) for k in range(1, experiment.fd_points + 1)}
+        reference = load_dataset(profile.dataset, "test", image_size=profile.image_size).tensors()[0]
+        frechet = _FrechetAt(steps, profile, schedule, reference, run.seed)
+        trainer.callbacks.append(frechet)
 
     start, diverged_at = time.perf_counter(), None
     try:
@@ -295,11 +345,14 @@ def train_run(
 
     record: dict[str, Any] = {"label": run.label, "run": asdict(run), "parameters": count_parameters(model),
                               "diverged_at": diverged_at, "wall_time_s": wall, "history": _columns(trainer.history)}
-    if diverged_at is None:
+    if experiment.fd_points:
+        record["fd"] = frechet.rows
+    if diverged_at is None and experiment.end_probes:
         x0, t, _ = batch
         recorder.rows += robustness(trainer.ema, x0, t, schedule, experiment.robustness_sigmas, step=trainer.step)
         x_t = q_sample(x0, t, schedule, batch[2])
         recorder.rows += lipschitz(trainer.ema, x_t, schedule.model_time(t), step=trainer.step)
+    if diverged_at is None:
         gen = torch.Generator(trainer.device).manual_seed(run.seed)
         samples = ddim_sample(trainer.ema, schedule, (profile.n_samples, *images.shape[1:]),
                               steps=profile.sample_steps, device=trainer.device, generator=gen)

@@ -24,8 +24,8 @@ from scalelong_edu.train import NonFiniteLossError, Trainer
 TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=1)
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
-NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sweep", "unet-lr-sweep", "kappa-sweep",
-         "depth-sweep", "block-output", "ls-per-skip"]
+NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sweep", "unet-lr-sweep",
+         "depth-sweep", "block-output", "scaling-uvit", "scaling-unet", "kappa-uvit-stress"]
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +72,24 @@ def test_run_records_everything_and_caches(tmp_results, monkeypatch):
     monkeypatch.setattr(ex, "train_run", no_training)
     cached = ex.run_experiment("quick", TINY)
     assert cached.to_json() == json.loads(json.dumps(result.to_json()))
+
+
+def test_frechet_distance_over_training_without_end_probes(tmp_results):
+    quick = replace(QUICK, name="fd", fd_points=2, end_probes=False, adam_stats=False)
+    record = ex.train_run(quick.plan(TINY)[1], quick, TINY, progress=False)
+    assert record["fd"]["step"] == [2, 4] and all(0 < v < float("inf") for v in record["fd"]["fcd"])
+    assert {row for row in record["probes"]["probe"]} == {"features", "fixed", "grads"}
+    assert len(record["samples"]) == TINY.n_samples
+    again = ex.train_run(quick.plan(TINY)[1], quick, TINY, progress=False)
+    assert again["fd"] == record["fd"]  # same seed, same noise: the same distances
+
+
+def test_settings_added_later_enter_the_spec_only_when_set():
+    assert not {"fd_points", "end_probes"} & set(QUICK.spec(TINY)["experiment"])
+    with_fd = replace(QUICK, fd_points=3)
+    assert with_fd.spec(TINY)["experiment"]["fd_points"] == 3
+    assert ex.spec_hash(with_fd.spec(TINY)) != ex.spec_hash(QUICK.spec(TINY))
+    assert replace(QUICK, end_probes=False).spec(TINY)["experiment"]["end_probes"] is False
 
 
 def test_the_cache_key_covers_the_full_spec():
@@ -351,6 +369,13 @@ def test_the_named_experiments():
         [k * cpu.lr["uvit"] for k in (1, 4, 8, 16)])
     assert {r.lr for r in ex.get_experiment("unet-stress").plan(cpu)} == {cpu.stress_lr["unet"]}
     assert len(ex.get_experiment("uvit-gentle").plan(cpu)) == len(ex.METHODS) * cpu.seeds
+    for backbone in ("uvit", "unet"):
+        e = ex.get_experiment(f"scaling-{backbone}")
+        assert [(r.label, r.method, r.kappa) for r in e.runs] == list(ex.SCALING_METHODS)
+        assert {(r.backbone, r.regime) for r in e.runs} == {(backbone, "gentle")} and e.fd_points > 0
+    assert [r.kappa for r in ex.get_experiment("scaling-unet").runs if r.method == "cs"] == [0.3, 0.5, 0.7, 0.9]
+    stress = ex.get_experiment("kappa-uvit-stress")
+    assert {(r.backbone, r.regime, r.method) for r in stress.runs} == {("uvit", "stress", "cs")}
 
 
 def test_every_named_experiment_builds_its_models_at_every_profile():
