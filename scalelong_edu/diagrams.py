@@ -3,6 +3,8 @@
 * :func:`draw_unet` -- the paper's Eq. (3) as a diagram: encoder blocks ``a_1 .. a_N`` down the
   left, decoder blocks ``b_1 .. b_N`` up the right, the bottleneck ``f_N`` at the bottom, and every
   long skip ``i`` (i = 1 outermost) labelled with the coefficient ``kappa_i`` that multiplies it.
+* :func:`draw_calibration` -- the data flow of LS's calibration network (the paper's Eq. 9): from a
+  skip's features to one gate per sample and channel/token, and back onto the skip.
 * :func:`skip_features` -- the encoder outputs ``a_1(x) .. a_N(x)`` of one forward pass.
 * :func:`skip_summary` -- one row per skip: the shape of ``a_i(x)`` and the width of the gated axis.
 * :func:`parameter_table` -- parameter counts of model presets for each skip-scaling method,
@@ -161,6 +163,66 @@ def draw_unet(
     ax.axis("off")
     if title:
         ax.set_title(title)
+    return ax
+
+
+def draw_calibration(width: int, length: int, hidden: int, ax=None, *, gated: str = "tokens", pooled: str = "dim"):
+    """Draw LS's calibration network ``zeta_phi`` (the paper's Eq. 9) as a data flow with shapes.
+
+    A skip feature ``x_i`` of shape (B, G, L) -- G gated channels/tokens, L the axis that is
+    averaged (H x W of a conv map, the embedding of a U-ViT token) -- goes through global average
+    pooling over L to (B, G), ``Linear(G, hidden)``, ReLU, ``Linear(hidden, G)`` and a sigmoid to the
+    gates (B, G, 1), which multiply ``x_i`` element-wise, broadcast over L.
+
+    Args:
+        width, length: G and L of the skip feature.
+        hidden: width of the hidden layer (:class:`scalelong_edu.scaling.Calibration`).
+        ax: the matplotlib Axes; a new figure when ``None``.
+        gated, pooled: the names of the G and L axes written in the boxes.
+
+    Returns:
+        The Axes; each stage's Text has gid ``"stage_<k>"``, k = 0 .. 6.
+    """
+    for name, value in (("width", width), ("length", length), ("hidden", hidden)):
+        if not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    stages = [
+        (rf"skip $x_i$" + "\n" + f"(B, {width} {gated}, {length} {pooled})", "#d1e5f0"),
+        (f"average over {pooled}" + "\n" + f"(B, {width})", "#f0f0f0"),
+        (f"Linear {width}→{hidden}, ReLU" + "\n" + f"(B, {hidden})", "#f0f0f0"),
+        (f"Linear {hidden}→{width}" + "\n" + f"(B, {width})", "#f0f0f0"),
+        ("sigmoid: gates" + "\n" + f"(B, {width}, 1) in (0, 1)", "#fddbc7"),
+        (rf"$\kappa_i \odot x_i$" + "\n" + f"(B, {width}, {length})", "#d1e5f0"),
+        ("decoder block $b_i$", "#fddbc7"),
+    ]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(MAX_FIGURE_WIDTH, 7.5), 4.6))
+    bw, bh = 3.4, 0.62
+    xs = [0, 0, 0, 0, 0, 4.2, 4.2]
+    ys = [6, 4.8, 3.6, 2.4, 1.2, 1.2, 6]
+    for k, ((text, face), x, y) in enumerate(zip(stages, xs, ys)):
+        ax.add_patch(FancyBboxPatch((x - bw / 2, y - bh / 2), bw, bh, boxstyle="round,pad=0.02,rounding_size=0.1",
+                                    facecolor=face, edgecolor="#333333", linewidth=1.0, zorder=2))
+        ax.text(x, y, text, ha="center", va="center", fontsize=9, zorder=3, gid=f"stage_{k}")
+
+    def arrow(x0, y0, x1, y1, color=STREAM_COLOR):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=1,
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=1.3, shrinkA=0, shrinkB=0, mutation_scale=12))
+
+    for k in range(4):
+        arrow(0, ys[k] - bh / 2, 0, ys[k + 1] + bh / 2)
+    arrow(bw / 2, ys[4], xs[5] - bw / 2, ys[5])
+    arrow(xs[5], ys[5] + bh / 2, xs[6], ys[6] - bh / 2, KAPPA_COLOR)
+    ax.plot([bw / 2, bw / 2 + 0.35, bw / 2 + 0.35], [ys[0], ys[0], ys[5] + bh / 2 + 0.5], color=KAPPA_COLOR, lw=1.3)
+    arrow(bw / 2 + 0.35, ys[5] + bh / 2 + 0.5, xs[5] - 0.6, ys[5] + bh / 2, KAPPA_COLOR)
+    ax.text(bw / 2 + 0.45, 3.9, "the skip itself", fontsize=8, color=KAPPA_COLOR, rotation=90, va="center")
+    ax.set_xlim(-bw / 2 - 0.2, xs[5] + bw / 2 + 0.2)
+    ax.set_ylim(ys[4] - bh, ys[0] + bh)
+    ax.set_aspect("equal")
+    ax.axis("off")
     return ax
 
 

@@ -334,6 +334,89 @@ def xt_norm_ratio(images: Tensor, schedule: DiscreteSchedule, ts: Sequence[int],
     return pd.DataFrame(rows)
 
 
+def fd_curves(result: ExperimentResult) -> pd.DataFrame:
+    """The Frechet classifier distance measured during training (experiments with ``fd_points``).
+
+    Columns: ``label, seed, step, fcd``. A run that diverged keeps the points before it did.
+    """
+    import pandas as pd
+
+    frames = [pd.DataFrame(r["fd"]).assign(label=r["label"], seed=r["run"]["seed"]) for r in result.runs if "fd" in r]
+    if not frames:
+        raise ValueError("this result has no Frechet distances over training: its experiment has fd_points = 0")
+    return pd.concat(frames, ignore_index=True)[["label", "seed", "step", "fcd"]]
+
+
+def steps_to_reach(steps: Sequence[float], values: Sequence[float], target: float) -> float:
+    """The first step at which a curve measured at ``steps`` falls to ``target`` or below, by linear
+    interpolation between evaluations; ``steps[0]`` when the first evaluation is already there (the
+    curve is not resolved earlier) and ``NaN`` when it never gets there."""
+    if len(steps) != len(values) or not len(steps):
+        raise ValueError(f"need as many steps as values (at least one), got {len(steps)} and {len(values)}")
+    if values[0] <= target:
+        return float(steps[0])
+    for (s0, v0), (s1, v1) in zip(zip(steps, values), zip(steps[1:], values[1:])):
+        if v1 <= target:
+            return float(s0 + (s1 - s0) * (v0 - target) / (v0 - v1))
+    return math.nan
+
+
+def speedup(result: ExperimentResult, baseline: str = "none") -> pd.DataFrame:
+    """How much sooner each run reaches the quality the baseline ends with (the paper's "faster
+    training"), paired by seed: runs with the same seed share initial weights and data order.
+
+    For seed ``s``, the target is the final Frechet distance of the baseline's run ``s``. A run
+    needs :func:`steps_to_reach` steps to get there, and its speed-up is the steps the baseline's
+    run ``s`` needed by the same rule over its own (1 for the baseline; above 1 is faster; the
+    baseline can get there before its last step, since the curves are noisy). Runs that never
+    reach the target are slower than the baseline on that seed: ``reached`` is False and
+    ``speedup`` NaN.
+
+    Columns: ``label, seed, diverged_at, target, steps, reached, speedup``.
+    """
+    import pandas as pd
+
+    curves = fd_curves(result)
+    base = curves[curves.label == baseline]
+    if base.empty:
+        raise ValueError(f"no runs labelled {baseline!r} with Frechet distances; labels: {result.labels}")
+    def reach(label: str, seed: int, target: float) -> float:
+        curve = curves[(curves.label == label) & (curves.seed == seed)].sort_values("step")
+        return steps_to_reach(curve.step.tolist(), curve.fcd.tolist(), target) if len(curve) else math.nan
+
+    finals = base.sort_values("step").groupby("seed").fcd.last()
+    rows = []
+    for record in result.runs:
+        label, seed = record["label"], record["run"]["seed"]
+        target = float(finals[seed])
+        steps = reach(label, seed, target) if record["diverged_at"] is None else math.nan
+        rows.append({"label": label, "seed": seed, "diverged_at": record["diverged_at"], "target": target,
+                     "steps": steps, "reached": math.isfinite(steps),
+                     "speedup": reach(baseline, seed, target) / steps})
+    return pd.DataFrame(rows)
+
+
+def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
+    """Fit the CS profile ``kappa_i = a * kappa ** (i - 1)`` (paper Eq. 8, with a free level ``a``)
+    to effective coefficients ``kappa_1 .. kappa_N`` by least squares on ``log kappa_i``.
+
+    The free level matters for LS: a decoder's merge can absorb any common factor, so only the
+    decay from skip to skip is comparable with CS. Returns ``(kappa, a, r2)``, ``r2`` the share
+    of the variance of ``log kappa_i`` the line explains (1 for an exact geometric profile;
+    ``NaN`` when the coefficients are all equal, which a flat line, kappa = 1, fits exactly).
+    """
+    y = torch.as_tensor(kappas, dtype=torch.float64)
+    if y.ndim != 1 or len(y) < 2 or not (y > 0).all():
+        raise ValueError(f"need at least two positive coefficients kappa_1 .. kappa_N, got {list(kappas)}")
+    y = y.log()
+    x = torch.arange(len(y), dtype=torch.float64)
+    slope = ((x - x.mean()) * (y - y.mean())).sum() / (x - x.mean()).square().sum()
+    level = y.mean() - slope * x.mean()
+    total = (y - y.mean()).square().sum()
+    r2 = 1 - (y - level - slope * x).square().sum() / total if total > 0 else torch.tensor(math.nan)
+    return math.exp(slope), math.exp(level), float(r2)
+
+
 @dataclass(frozen=True)
 class Claim:
     """One line of a chapter's claims table: what the paper says, what we measured, the verdict."""
@@ -356,7 +439,7 @@ def claims_table(claims: list[Claim]) -> pd.DataFrame:
                         columns=["the paper claims", "we measured", "verdict"])
 
 
-__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "confident_samples", "claims_table", "feature_constants",
-           "feature_ranges", "features", "gradient_constants", "robustness_table", "run_table", "spread_by", "stress_scale",
-           "trend",
-           "verdict", "xt_norm_ratio"]
+__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "claims_table",
+           "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "geometric_fit",
+           "gradient_constants", "robustness_table", "run_table", "speedup", "spread_by", "steps_to_reach",
+           "stress_scale", "trend", "verdict", "xt_norm_ratio"]

@@ -5,7 +5,14 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from scalelong_edu.diagrams import draw_unet, init_norms, parameter_table, skip_features, skip_summary
+from scalelong_edu.diagrams import (
+    draw_calibration,
+    draw_unet,
+    init_norms,
+    parameter_table,
+    skip_features,
+    skip_summary,
+)
 from scalelong_edu.models import build_model
 from scalelong_edu.models.embedding import timestep_embedding
 from scalelong_edu.scaling import Calibration, cs_coefficients
@@ -138,3 +145,15 @@ def test_init_norms_compares_norms_at_initialisation_with_the_sum_of_kappa_squar
     assert table.loc["cs", "hidden_sq_mean"] < table.loc["none", "hidden_sq_mean"]
     with pytest.raises(ValueError, match="B, C, H, W"):
         init_norms("uvit-ci", x[0], t)
+
+
+def test_draw_calibration_shows_every_stage_with_its_shape():
+    ax = draw_calibration(17, 96, 4, gated="tokens", pooled="dim")
+    texts = {t.get_gid(): t.get_text() for t in ax.texts if t.get_gid()}
+    assert sorted(texts) == [f"stage_{k}" for k in range(7)]
+    assert "(B, 17 tokens, 96 dim)" in texts["stage_0"] and "(B, 17)" in texts["stage_1"]
+    assert "Linear 17→4" in texts["stage_2"] and "Linear 4→17" in texts["stage_3"]
+    assert "(B, 17, 1)" in texts["stage_4"] and "(B, 17, 96)" in texts["stage_5"]
+    for bad in (dict(width=0, length=4, hidden=2), dict(width=4, length=4, hidden=1.5)):
+        with pytest.raises(ValueError, match="positive integer"):
+            draw_calibration(**bad)

@@ -414,3 +414,60 @@ def test_claims_table_columns_and_rows():
     assert list(table.columns) == ["the paper claims", "we measured", "verdict"]
     assert table.verdict.tolist() == ["reproduced", "not at this scale"]
     assert table.iloc[0, 0] == "CS damps feature oscillation" and len(claims_table([])) == 0
+
+
+# -- Frechet distance over training, speed-up, the geometric fit -------------------------------------
+def fd_result(curves, steps=(100, 200, 300, 400), diverged=()):
+    """A result whose runs carry only what fd_curves/speedup read: {(label, seed): fcd values}."""
+    runs = [{"label": label, "run": {"seed": seed}, "diverged_at": 250 if (label, seed) in diverged else None,
+             "fd": {"step": list(steps), "fcd": list(values)}}
+            for (label, seed), values in curves.items()]
+    return ExperimentResult({"profile": {"steps": steps[-1]}}, {}, runs)
+
+
+def test_steps_to_reach_interpolates_between_evaluations():
+    steps = [100, 200, 300]
+    assert evidence.steps_to_reach(steps, [30, 20, 10], 15) == pytest.approx(250)
+    assert evidence.steps_to_reach(steps, [30, 20, 10], 20) == 200
+    assert evidence.steps_to_reach(steps, [12, 20, 10], 15) == 100  # already there at the first evaluation
+    assert math.isnan(evidence.steps_to_reach(steps, [30, 20, 16], 15))
+    assert evidence.steps_to_reach(steps, [30, 10, 20], 20) == pytest.approx(150)  # the first crossing counts
+    with pytest.raises(ValueError, match="as many steps as values"):
+        evidence.steps_to_reach(steps, [1, 2], 1)
+
+
+def test_speedup_is_paired_by_seed_against_the_baseline():
+    result = fd_result({
+        ("none", 0): [40, 30, 20, 10], ("none", 1): [40, 30, 20, 12],
+        ("CS", 0): [30, 10, 8, 6], ("CS", 1): [40, 30, 20, 11],  # seed 1 compares with 12, not with 10
+        ("LS", 0): [40, 30, 20, 15], ("LS", 1): [40, 30, 20, 9],
+    }, diverged={("LS", 1)})
+    table = evidence.speedup(result).set_index(["label", "seed"])
+    assert list(table.loc[("none", 0), ["target", "steps", "speedup"]]) == [10, 400, 1]
+    assert table.loc[("none", 1), "speedup"] == 1 and table.loc[("none", 1), "target"] == 12
+    assert table.loc[("CS", 0), "steps"] == 200 and table.loc[("CS", 0), "speedup"] == pytest.approx(2)
+    assert table.loc[("CS", 1), "steps"] == pytest.approx(400 - 100 / 9) and table.loc[("CS", 1), "reached"]
+    assert not table.loc[("LS", 0), "reached"] and math.isnan(table.loc[("LS", 0), "speedup"])
+    assert not table.loc[("LS", 1), "reached"] and table.loc[("LS", 1), "diverged_at"] == 250
+    assert by_method(table.reset_index(), "speedup")["LS"].diverged == 1
+
+
+def test_fd_curves_need_an_experiment_that_measured_them():
+    frame = evidence.fd_curves(fd_result({("none", 0): [3, 2, 1, 0.5]}))
+    assert list(frame.columns) == ["label", "seed", "step", "fcd"] and frame.fcd.tolist() == [3, 2, 1, 0.5]
+    with pytest.raises(ValueError, match="fd_points"):
+        evidence.fd_curves(ExperimentResult({}, {}, [{"label": "none", "run": {"seed": 0}}]))
+    with pytest.raises(ValueError, match="no runs labelled 'base'"):
+        evidence.speedup(fd_result({("none", 0): [3, 2, 1, 0.5]}), baseline="base")
+
+
+def test_geometric_fit_recovers_cs_and_measures_departures():
+    kappa, level, r2 = evidence.geometric_fit([0.8 * 0.6**k for k in range(6)])
+    assert (kappa, level, r2) == pytest.approx((0.6, 0.8, 1.0))
+    kappa, _, r2 = evidence.geometric_fit([0.5, 0.9, 0.4, 0.8])  # zigzag: no geometric profile
+    assert r2 < 0.2
+    assert evidence.geometric_fit([0.7, 0.7, 0.7])[0] == pytest.approx(1) and math.isnan(
+        evidence.geometric_fit([0.7, 0.7, 0.7])[2])
+    for bad in ([1.0], [1.0, 0.0], [[1.0, 0.5]]):
+        with pytest.raises(ValueError, match="two positive"):
+            evidence.geometric_fit(bad)
