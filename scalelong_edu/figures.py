@@ -156,5 +156,44 @@ def plot_robustness(
     return ax
 
 
-__all__ = ["method_colors", "plot_against_tail_sum", "plot_intervals", "plot_over_training", "plot_robustness",
-           "plot_xt_ratio"]
+def plot_fd_curves(curves: pd.DataFrame, colors: Mapping[str, tuple], ax: Axes | None = None) -> Axes:
+    """The Frechet classifier distance against training step (:func:`scalelong_edu.evidence.fd_curves`):
+    per method the mean over seeds and a band from the lowest to the highest seed, log scale."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in curves.groupby("label", sort=False):
+        by_step = rows.groupby("step").fcd
+        mean = by_step.mean()
+        ax.plot(mean.index, mean, "o-", ms=3, color=colors[label], label=label)
+        ax.fill_between(mean.index, by_step.min(), by_step.max(), color=colors[label], alpha=0.12, lw=0)
+    log_axis(ax)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("Fréchet classifier distance")
+    legend_below(ax, ncol=3)
+    return ax
+
+
+def plot_kappa_profile(
+    kappas: pd.DataFrame, colors: Mapping[str, tuple], references: Mapping[str, Sequence[float]],
+    ax: Axes | None = None,
+) -> Axes:
+    """Effective ``kappa_i`` against skip ``i``: per method (``kappas``: columns ``label, seed, skip,
+    kappa``) the mean over seeds with the seeds as small dots, and dashed ``references`` (name ->
+    ``kappa_1 .. kappa_N``, e.g. a CS profile), on a log scale where a geometric profile is a line."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in kappas.groupby("label", sort=False):
+        mean = rows.groupby("skip").kappa.mean()
+        ax.plot(mean.index, mean, "o-", color=colors[label], label=label)
+        ax.plot(rows.skip, rows.kappa, ".", color=colors[label], alpha=0.5, ms=4)
+    for (name, values), style in zip(references.items(), ("--", ":", "-.")):
+        ax.plot(range(1, len(values) + 1), values, style, color="black", lw=1, label=name)
+    log_axis(ax)
+    ax.set_xlabel("skip $i$ (1 = outermost)")
+    ax.set_ylabel(r"effective $\kappa_i$")
+    legend_below(ax, ncol=2)
+    return ax
+
+
+__all__ = ["method_colors", "plot_against_tail_sum", "plot_fd_curves", "plot_intervals", "plot_kappa_profile",
+           "plot_over_training", "plot_robustness", "plot_xt_ratio"]

@@ -11,7 +11,9 @@ from scalelong_edu.evidence import MethodSummary
 from scalelong_edu.figures import (
     method_colors,
     plot_against_tail_sum,
+    plot_fd_curves,
     plot_intervals,
+    plot_kappa_profile,
     plot_over_training,
     plot_robustness,
     plot_xt_ratio,
@@ -171,3 +173,24 @@ def test_plot_robustness_one_curve_per_method_mean_over_seeds():
     assert legend_texts(ax.get_legend()) == ["none", "CS"]
     assert list(ax.get_lines()[0].get_xdata()) == [0.0, 0.1, 0.2]
     assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([0.0, 0.4, 0.8])  # mean of 2 * (1..3) * sigma
+
+
+def test_plot_fd_curves_draws_the_mean_over_seeds_and_the_seed_range():
+    curves = pd.DataFrame({"label": ["none"] * 4 + ["CS"] * 4, "seed": [0, 0, 1, 1] * 2,
+                           "step": [100, 200] * 4, "fcd": [40, 20, 60, 30, 30, 10, 50, 20]})
+    ax = plot_fd_curves(curves, method_colors(["none", "CS"]))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["none"].get_ydata()) == [50, 25] and list(lines["CS"].get_ydata()) == [40, 15]
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert min(band) == 20 and max(band) == 60  # lowest and highest seed of "none"
+    assert ax.get_yscale() == "log" and legend_texts(ax.get_legend()) == ["none", "CS"]
+
+
+def test_plot_kappa_profile_means_over_seeds_with_references():
+    kappas = pd.DataFrame({"label": ["LS"] * 4, "seed": [0, 0, 1, 1], "skip": [1, 2, 1, 2],
+                           "kappa": [0.5, 0.2, 0.7, 0.4]})
+    ax = plot_kappa_profile(kappas, method_colors(["LS"]), {"CS, kappa = 0.5": [1, 0.5]})
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    assert list(lines["LS"].get_ydata()) == pytest.approx([0.6, 0.3])
+    assert list(lines["CS, kappa = 0.5"].get_ydata()) == [1, 0.5]
+    assert legend_texts(ax.get_legend()) == ["LS", "CS, kappa = 0.5"]
