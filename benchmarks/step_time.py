@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -185,36 +186,43 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def time_steps(c: Contestant, x0: Tensor, schedule: DiscreteSchedule, steps: int) -> float:
-    """Seconds per training step, averaged over ``steps`` consecutive steps."""
+def time_steps(
+    c: Contestant, x0: Tensor, schedule: DiscreteSchedule, steps: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Seconds per training step by ``clock`` (wall clock by default), averaged over ``steps`` consecutive steps."""
     synchronize(x0.device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(steps):
         loss = eps_loss(c.model, x0, schedule)
         loss.backward()
         c.optimizer.step()
         c.optimizer.zero_grad(set_to_none=True)
     synchronize(x0.device)
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def run_rounds(
-    contestants: list[Contestant], x0: Tensor, schedule: DiscreteSchedule, repeats: int, warmup: int
+    contestants: list[Contestant],
+    x0: Tensor,
+    schedule: DiscreteSchedule,
+    repeats: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> int:
     """Warm every model up, then take ``repeats`` rounds of one sample each; returns steps per sample.
 
     A sample runs as many steps as make the reference (first) model's warmed-up step last
     :data:`MIN_SAMPLE_SECONDS`. Round ``r`` starts at model ``r mod n``, so no model is always
-    timed first (right after another model's memory traffic) or last.
+    timed first (right after another model's memory traffic) or last. ``clock`` times the samples.
     """
-    reference_step = [time_steps(contestants[0], x0, schedule, 1) for _ in range(warmup)][-1]
+    reference_step = [time_steps(contestants[0], x0, schedule, 1, clock) for _ in range(warmup)][-1]
     for c in contestants[1:]:
-        time_steps(c, x0, schedule, warmup)
+        time_steps(c, x0, schedule, warmup, clock)
     steps = max(1, math.ceil(MIN_SAMPLE_SECONDS / reference_step))
     n = len(contestants)
     for r in range(repeats):
         for c in contestants[r % n :] + contestants[: r % n]:
-            c.seconds.append(time_steps(c, x0, schedule, steps))
+            c.seconds.append(time_steps(c, x0, schedule, steps, clock))
     return steps
 
 
@@ -227,7 +235,7 @@ def summary(values: list[float]) -> tuple[float, float, float]:
 def ratio_cell(numerator: Contestant, denominator: Contestant) -> str:
     """Median over rounds of the per-round time ratio, with its interquartile range."""
     med, q1, q3 = summary([a / b for a, b in zip(numerator.seconds, denominator.seconds)])
-    return f"{med:.3f} ({q1:.2f}-{q3:.2f})"
+    return f"{med:.3f} ({q1:.3f}-{q3:.3f})"
 
 
 def time_cells(c: Contestant, batch: int) -> list[str]:

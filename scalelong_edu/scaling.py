@@ -12,7 +12,9 @@ skip half of that map's weight absorbing the sum.
 
 A :class:`SkipScaling` object is handed to a model, which calls :meth:`SkipScaling.bind` once with
 the width of every skip (channels for the conv UNet, tokens for the U-ViT) and then, at merge
-``i``, ``h, skip = scaling(h, skip, i)``. The methods:
+``i``, ``h, skip = scaling(h, skip, i)``. A model may instead take LS's per-sample gate from
+:meth:`SkipScaling.gate` and fold it into the weights of its merge (the conv UNet does so in
+training, see :meth:`scalelong_edu.models.unet.DecoderBlock.gated_merge`). The methods:
 
 ================ ================================================ =====================
 name             kappa_i                                          official ``scalelong``
@@ -122,6 +124,15 @@ class SkipScaling(nn.Module):
         """The factor on the decoder stream ``f_i(a_i(x))`` entering merge ``i``: 1 unless overridden."""
         return 1.0
 
+    def gate(self, skip: Tensor, i: int) -> Tensor | None:
+        """``kappa_i`` as a per-sample gate (B, G) that a merge can fold into its weights, or None.
+
+        Only LS has a gate (this base class and the constant methods return None). A model that takes
+        it merges the unscaled stream and skip with the gate instead of calling :meth:`forward`:
+        LS scales nothing but the skip.
+        """
+        return None
+
     def outward_factor(self, i: int) -> float:
         """``prod_{j=1..i} stream_factor(j)``: the total factor on what enters the stream at merge ``i``
         (the output of ``b_{i+1}``; ``i = N``: the bottleneck) on its way to the output; 1 for ``i = 0``."""
@@ -222,9 +233,18 @@ class Calibration(nn.Module):
         self.fc1 = nn.Linear(width, hidden)
         self.fc2 = nn.Linear(hidden, width)
 
+    def gate(self, x: Tensor) -> Tensor:
+        """Eq. (9)'s gates in (0, 1), shape (B, G), for a skip ``x`` of shape (B, G, ...).
+
+        GAP is a sum divided by the count, which equals the mean but whose backward passes on a
+        broadcast view of the gradient; the backward of ``mean`` writes a full (B, G, ...) tensor.
+        """
+        pooled = x.flatten(2).sum(-1) / math.prod(x.shape[2:])
+        return torch.sigmoid(self.fc2(F.relu(self.fc1(pooled))))
+
     def forward(self, x: Tensor) -> Tensor:
         """Gates in (0, 1), shape (B, G, 1, ...) broadcastable to ``x`` of shape (B, G, ...)."""
-        gate = torch.sigmoid(self.fc2(F.relu(self.fc1(x.flatten(2).mean(-1)))))
+        gate = self.gate(x)
         return gate.view(*gate.shape, *([1] * (x.dim() - 2)))
 
 
@@ -265,8 +285,18 @@ class LearnableScaling(SkipScaling):
         else:
             self.nets.append(Calibration(self.widths[0], self.reduction))
 
+    def net(self, i: int) -> Calibration:
+        """The calibration network of skip ``i``: its own (``per_skip``) or the shared one."""
+        self._check_index(i)
+        return self.nets[i - 1 if self.per_skip else 0]
+
     def kappa(self, skip: Tensor, i: int) -> Tensor:
-        return self.nets[i - 1 if self.per_skip else 0](skip)
+        """The gates of skip ``i`` (B, G), shaped (B, G, 1, ...) to broadcast against ``skip``."""
+        return self.net(i)(skip)
+
+    def gate(self, skip: Tensor, i: int) -> Tensor:
+        """The gates of skip ``i``, (B, G): ``kappa_i`` unshaped, for a merge that folds them in."""
+        return self.net(i).gate(skip)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", reduction={self.reduction}"

@@ -1,10 +1,14 @@
 """Tests of scalelong_edu.models: the official U-ViT's parameter counts, shapes, gradients."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from scalelong_edu.diffusion import eps_loss, linear_schedule
 from scalelong_edu.models import PRESETS, UNet, UViT, build_model, count_parameters
+from scalelong_edu.models.embedding import timestep_embedding
+from scalelong_edu.models.unet import DecoderBlock
 from scalelong_edu.scaling import METHODS, make_scaling
 
 # Parameter counts of the official U-ViT (sail-sg/ScaleLong, libs/uvit.py), read by instantiating
@@ -116,3 +120,93 @@ def test_bad_model_input_raises():
         build_model("unet-ci", 1, 16.0)
     with pytest.raises(ValueError, match="img_size 18 must be divisible by 4"):
         build_model("unet-s", 1, 18)
+
+
+def _unet_gating_every_skip(model, x, t):
+    """The reference for the folded LS merge: UNet.forward with every skip scaled by the scaling
+    object's forward (``gate * skip``) and then concatenated and merged by the 1x1 convolution."""
+    temb = model.time_mlp(timestep_embedding(t, model.base_channels))
+    h, skips = model.stem(x), []
+    for block in model.encoder:
+        h = block(h, temb)
+        skips.append(h)
+    for layer in model.mid:
+        h = layer(h, temb)
+    for i in range(model.n_skips, 0, -1):
+        h, skip = model.scaling(h, skips[i - 1], i)
+        h = model.decoder[i - 1](h, skip, temb)
+    return model.out(h)
+
+
+def _output_and_grads(forward, model, x, t):
+    """``forward(x, t)`` and the gradient of every parameter of ``model`` (by name) for a squared loss."""
+    model.zero_grad(set_to_none=True)
+    out = forward(x, t)
+    out.square().mean().backward()
+    return out.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_gated_merge_equals_gating_then_concatenating():
+    """W_h h + (W_s diag(g)) skip == merge(cat[h, g * skip]) in value and in every gradient; channel
+    counts all differ, so a gate on the wrong axis or a wrong split of the weight cannot pass."""
+    torch.manual_seed(0)
+    block = DecoderBlock(in_ch=8, skip_ch=5, out_ch=6, time_dim=16, up=False, dropout=0.0).double()
+    h = torch.randn(3, 8, 4, 6, dtype=torch.float64, requires_grad=True)
+    skip = torch.randn(3, 5, 4, 6, dtype=torch.float64, requires_grad=True)
+    gate = torch.rand(3, 5, dtype=torch.float64, requires_grad=True)
+    inputs = [h, skip, gate, block.merge.weight, block.merge.bias]
+    folded = block.gated_merge(h, skip, gate)
+    reference = block.merge(torch.cat([h, gate[:, :, None, None] * skip], dim=1))
+    assert folded.shape == reference.shape == (3, 6, 4, 6)
+    assert torch.allclose(folded, reference, rtol=1e-5, atol=1e-6)
+    weights = torch.randn_like(reference)
+    grads = torch.autograd.grad((folded * weights).sum(), inputs)
+    expected = torch.autograd.grad((reference * weights).sum(), inputs)
+    for got, want in zip(grads, expected):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["ls", "ls-per-skip"])
+@pytest.mark.parametrize("preset", ["unet-ci", "unet-s"])
+def test_ls_unet_with_folded_gates_matches_gating_the_skips(preset, method):
+    """In training the UNet folds the LS gates into its merges (the scaling object's forward is not
+    called); output and every gradient, the calibration networks' included, match the reference."""
+    torch.manual_seed(0)
+    model = build_model(preset, 3, 16, method)
+    x, t = torch.randn(4, 3, 16, 16), torch.tensor([5.0, 300.0, 700.0, 999.0])
+    calls = []
+    handle = model.scaling.register_forward_hook(lambda m, inp, out: calls.append(inp[2]))
+    out, grads = _output_and_grads(model, model, x, t)
+    assert calls == []  # folded
+    ref_out, ref_grads = _output_and_grads(partial(_unet_gating_every_skip, model), model, x, t)
+    handle.remove()
+    assert calls == list(range(model.n_skips, 0, -1))
+    assert torch.allclose(out, ref_out, rtol=1e-5, atol=1e-6)
+    for name, got in grads.items():
+        assert torch.allclose(got, ref_grads[name], rtol=1e-5, atol=1e-6), name
+    assert all(grads[name].abs().sum() > 0 for name in grads if name.startswith("scaling."))
+
+
+def test_unet_gates_the_skip_through_the_scaling_object_without_autograd():
+    """Without autograd nothing is folded: hooks on the scaling object see every gated skip."""
+    torch.manual_seed(0)
+    model = build_model("unet-ci", 1, 16, "ls-per-skip")
+    x, t = torch.randn(2, 1, 16, 16), torch.tensor([3.0, 800.0])
+    seen = {}
+    model.scaling.register_forward_hook(lambda m, inp, out: seen.__setitem__(inp[2], out[1] / inp[1]))
+    with torch.no_grad():
+        plain = model(x, t)
+    assert sorted(seen) == [1, 2]
+    assert torch.allclose(plain, model(x, t).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["none", "sqrt2-cs", "cs", "block-output"])
+def test_constant_methods_merge_exactly_as_before(method):
+    """Only LS gates are folded: constant methods scale and concatenate as the reference does, bit for bit."""
+    torch.manual_seed(0)
+    model = build_model("unet-s", 3, 16, method, kappa=0.7)
+    x, t = torch.randn(4, 3, 16, 16), torch.tensor([5.0, 300.0, 700.0, 999.0])
+    out, grads = _output_and_grads(model, model, x, t)
+    ref_out, ref_grads = _output_and_grads(partial(_unet_gating_every_skip, model), model, x, t)
+    assert torch.equal(out, ref_out)
+    assert all(torch.equal(got, ref_grads[name]) for name, got in grads.items())

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scalelong_edu.models import UNet, UViT, count_parameters
 from scalelong_edu.scaling import (
@@ -97,6 +98,28 @@ def test_ls_gates_channels_of_conv_skips_and_tokens_of_uvit_skips():
     skip = torch.randn(5, 16, 4, 4)
     gate = unet.scaling.kappa(skip, 2)
     assert gate.shape == (5, 16, 1, 1) and ((gate > 0) & (gate < 1)).all()
+
+
+@pytest.mark.parametrize("shape", [(3, 16, 4, 5), (3, 17, 32)])  # conv skip (B, C, H, W), U-ViT skip (B, L, D)
+def test_calibration_gate_is_eq_9_on_the_global_average(shape):
+    """sigmoid(W2 relu(W1 GAP(x))) with GAP the mean over every axis after the gated one, in value and
+    gradient; kappa is the same gate shaped to broadcast, and only LS has a gate to fold."""
+    scaling = LearnableScaling(per_skip=True)
+    scaling.bind([shape[1]] * 2)
+    net = scaling.nets[1]
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    net.double()
+    gate = scaling.gate(x, 2)
+    reference = torch.sigmoid(net.fc2(F.relu(net.fc1(x.flatten(2).mean(-1)))))
+    assert gate.shape == shape[:2]
+    assert torch.allclose(gate, reference, rtol=1e-5, atol=1e-6)
+    assert torch.equal(scaling.kappa(x, 2), gate.view(*shape[:2], *[1] * (len(shape) - 2)))
+    weights = torch.randn(shape[:2], dtype=torch.float64)
+    (got,) = torch.autograd.grad((gate * weights).sum(), x)
+    (want,) = torch.autograd.grad((reference * weights).sum(), x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    for method in ("none", "cs", "block-output"):
+        assert constant_scaling(method, 0.5, 2).gate(x, 1) is None
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -16,6 +16,8 @@ Every encoder block ``a_i`` emits one skip; decoder block ``b_i`` merges the dec
 ``kappa_i``) and runs a time-conditioned residual block, at the resolution of ``a_i``. ``b_i``
 ends with an upsampling exactly when ``a_i`` began with a downsampling (here ``b_3`` and ``b_5``),
 so the stream it hands to ``b_{i-1}`` is at ``a_{i-1}``'s resolution and the two sides mirror.
+With autograd on (training), LS's per-sample, per-channel gate is folded into the merge's weights
+instead of multiplying the skip (:meth:`DecoderBlock.gated_merge`); the result is the same.
 """
 
 from __future__ import annotations
@@ -104,9 +106,36 @@ class DecoderBlock(nn.Module):
         self.res = ResBlock(out_ch, out_ch, time_dim, dropout)
         self.up = nn.Conv2d(out_ch, out_ch, 3, padding=1) if up else None
 
-    def forward(self, h: Tensor, skip: Tensor, temb: Tensor) -> Tensor:
-        h = self.res(self.merge(torch.cat([h, skip], dim=1)), temb)
+    def forward(self, h: Tensor, skip: Tensor, temb: Tensor, gate: Tensor | None = None) -> Tensor:
+        """``b_i`` on the stream ``h`` (B, C_h, H, W) and the scaled skip (B, C_s, H, W); given a
+        ``gate`` (B, C_s), the skip is unscaled and enters as ``gate * skip`` (:meth:`gated_merge`)."""
+        merged = self.merge(torch.cat([h, skip], dim=1)) if gate is None else self.gated_merge(h, skip, gate)
+        h = self.res(merged, temb)
         return self.up(F.interpolate(h, scale_factor=2.0, mode="nearest")) if self.up is not None else h
+
+    def gated_merge(self, h: Tensor, skip: Tensor, gate: Tensor) -> Tensor:
+        """The merge of ``[h, g * skip]`` with the gate ``g`` folded into the merge's weight.
+
+        Per sample ``b`` the 1x1 convolution is ``W_h h_b + W_s (g_b * skip_b) + bias`` over the H*W
+        positions, and ``W_s (g_b * skip_b) = (W_s diag(g_b)) skip_b``: the gate scales the columns of
+        the small (B, out, C_s) weight instead of the (B, C_s, H, W) skip, and two batched matrix
+        products replace the concatenation. That spares the gated skip, the concatenation and, in
+        the backward pass, the gate's two full-size products; the value is the same as merging
+        ``cat([h, g[..., None, None] * skip])``, up to float rounding.
+
+        Args:
+            h: the decoder stream, (B, C_h, H, W).
+            skip: the unscaled skip ``a_i(x)``, (B, C_s, H, W).
+            gate: the per-sample, per-channel gate ``kappa_i``, (B, C_s).
+
+        Returns:
+            (B, out, H, W), as :attr:`merge` of the gated concatenation.
+        """
+        B, _, H, W = h.shape
+        w_h, w_s = self.merge.weight.flatten(1).split([h.shape[1], skip.shape[1]], dim=1)
+        out = torch.baddbmm(self.merge.bias[:, None], w_h.expand(B, -1, -1), h.flatten(2))
+        out = torch.baddbmm(out, w_s * gate[:, None, :], skip.flatten(2))
+        return out.view(B, -1, H, W)
 
 
 class UNet(nn.Module):
@@ -199,6 +228,18 @@ class UNet(nn.Module):
         for layer in self.mid:
             h = layer(h, temb)
         for i in range(self.n_skips, 0, -1):
-            h, skip = self.scaling(h, skips[i - 1], i)
-            h = self.decoder[i - 1](h, skip, temb)
+            h = self._decode(i, h, skips[i - 1], temb)
         return self.out(h)
+
+    def _decode(self, i: int, h: Tensor, skip: Tensor, temb: Tensor) -> Tensor:
+        """Decoder block ``b_i`` on the stream ``h`` and the skip ``a_i(x)``, both (B, C, H, W).
+
+        With autograd on, LS's gate is folded into the merge (:meth:`DecoderBlock.gated_merge`),
+        which spares the backward pass its full-size products. Otherwise, and for every other method,
+        the scaling object scales ``h`` and the skip, so hooks on it (which read the gates a model
+        applies) see ``kappa_i * a_i(x)``.
+        """
+        gate = self.scaling.gate(skip, i) if torch.is_grad_enabled() else None
+        if gate is None:
+            h, skip = self.scaling(h, skip, i)
+        return self.decoder[i - 1](h, skip, temb, gate)
