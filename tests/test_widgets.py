@@ -5,17 +5,22 @@ import math
 import pytest
 import torch
 
+from scalelong_edu.diagrams import init_norms, skip_features
 from scalelong_edu.models import build_model
 from scalelong_edu.scaling import METHODS, path_factors
 from scalelong_edu.theory import SUM_KAPPA2_BAND, cs_kappa_range, cs_sum_kappa_squared, sum_kappa_squared
 from scalelong_edu.widgets import (
+    FreshNorms,
     KappaExplorer,
     kappa_coefficients,
     kappa_explorer,
     kappa_table,
     measured_kappas,
+    norms_batch,
     plot_cs_band,
+    plot_hidden_norms,
     plot_kappas,
+    plot_sum_kappa2,
     stream_coefficients,
 )
 
@@ -248,3 +253,160 @@ def test_cs_kappa_range_for_deep_networks_and_wide_bands():
     k_lo, k_hi = cs_kappa_range(2000, 1.22, 1e6)  # the search for the upper end must not overflow
     assert cs_sum_kappa_squared(k_hi, 2000) == pytest.approx(1e6, rel=1e-6)
     assert k_lo == pytest.approx(math.sqrt(1 - 1 / 1.22), rel=1e-6)  # the N -> infinity limit
+
+
+# --- panel (c): hidden-feature norms of a freshly initialised U-ViT ---------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_batch():
+    """Four random images in [-1, 1] at 16 px and model times spread over the schedule."""
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(4, 1, 16, 16, generator=g) * 2 - 1, torch.tensor([0.0, 333.0, 666.0, 999.0])
+
+
+@pytest.fixture(scope="module")
+def book_norms():
+    """The explorer's default FreshNorms: 16 test digits, t spread over the schedule, uvit-ci, seed 0."""
+    return FreshNorms()
+
+
+def _decoder_sq_norms(model, x, t):
+    """Direct computation: batch mean of ||b_i(.)||^2 / batch mean of ||x||^2, i = 1 first."""
+    out = {}
+    handles = [block.register_forward_hook(lambda m, inp, o, i=i: out.__setitem__(i, o.detach()))
+               for i, block in enumerate(model.decoder_blocks, start=1)]
+    with torch.no_grad():
+        model(x, t)
+    for handle in handles:
+        handle.remove()
+    x_sq = x.flatten(1).square().sum(1).mean()
+    return [(out[i].flatten(1).square().sum(1).mean() / x_sq).item() for i in sorted(out)]
+
+
+@pytest.mark.parametrize("method, kappa, n", [("cs", 0.5, 3), ("cs", 0.8, 2), ("none", 0.5, 3),
+                                              ("block-output", 0.5, 2), ("ls-per-skip", 0.5, 2)])
+def test_fresh_norms_equal_a_direct_computation(tiny_batch, method, kappa, n):
+    x, t = tiny_batch
+    fresh = FreshNorms(x, t, seed=3)
+    fresh("none", 0.5, n)  # the constant methods then reuse this backbone with their scaling swapped in
+    values = fresh(method, kappa, n)
+    torch.manual_seed(3)
+    model = build_model("uvit-ci", 1, 16, method, kappa, depth=2 * n).eval()
+    assert values == pytest.approx(_decoder_sq_norms(model, x, t), rel=1e-5)
+    table = init_norms("uvit-ci", x, t, [method], kappa=kappa, seed=3, depth=2 * n)
+    assert values == pytest.approx([table.loc[method, f"hidden_sq_{i}"] for i in range(1, n + 1)], rel=1e-6)
+    # the same backbone: the encoder outputs a_i(x) (skip_features) do not depend on the method
+    for got, want in zip(skip_features(fresh.model(method, kappa, n), x, t), skip_features(model, x, t)):
+        assert torch.allclose(got, want)
+
+
+def test_fresh_norms_are_seeded_and_leave_the_global_random_state_alone(tiny_batch):
+    x, t = tiny_batch
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = FreshNorms(x, t)("cs", 0.5, 2)
+    assert torch.equal(torch.rand(3), expected)
+    assert FreshNorms(x, t)("cs", 0.5, 2) == first
+    assert FreshNorms(x, t, seed=1)("cs", 0.5, 2) != first
+
+
+def test_norms_batch_is_fixed_and_stratified_over_time():
+    x_t, t = norms_batch(n=8)
+    again, _ = norms_batch(n=8)
+    assert x_t.shape == (8, 1, 16, 16) and torch.equal(x_t, again)
+    assert t.tolist() == sorted(t.tolist()) and t[0] == 0 and t[-1] == 999
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+@pytest.mark.parametrize("kappa", [0.5, 0.8])
+def test_cs_shrinks_the_hidden_norms_of_skips_two_and_deeper_at_init(book_norms, n, kappa):
+    # checked, not assumed: on the book's batch this held for seeds 0-5, N = 1..16, kappa = 0.3..0.9;
+    # the outermost feature h_1 (kappa_1 = 1) stays within a few per cent of none's
+    cs, none = book_norms("cs", kappa, n), book_norms("none", kappa, n)
+    assert all(c < z for c, z in zip(cs[1:], none[1:]))
+    assert cs[0] == pytest.approx(none[0], rel=0.05)
+
+
+def test_explorer_norms_panel_redraws_with_n_points(tiny_batch):
+    fresh = FreshNorms(*tiny_batch)
+    explorer = kappa_explorer("cs", 0.5, 3, norms=fresh)
+    assert len(explorer.axes) == 3 and explorer.ax is explorer.axes[0]
+    panel = explorer.axes[2]
+
+    def line(gid):
+        return next((ln for ln in explorer.axes[2].get_lines() if ln.get_gid() == gid), None)
+
+    assert list(line("norms_method").get_ydata()) == pytest.approx(fresh("cs", 0.5, 3))
+    assert list(line("norms_none").get_ydata()) == pytest.approx(fresh("none", 0.5, 3))
+    assert "‖h" in explorer.status.value
+    assert r"\|h_i\|^2 / \|x_t\|^2" in panel.get_ylabel() and "decoder block" in panel.get_xlabel()
+
+    explorer.n_control.value = 5
+    assert explorer.redraws == 2 and explorer.axes[2] is not panel
+    assert list(line("norms_method").get_xdata()) == [1, 2, 3, 4, 5]
+    assert list(line("norms_method").get_ydata()) == pytest.approx(fresh("cs", 0.5, 5))
+    assert len(line("norms_none").get_ydata()) == 5 and len(explorer.ax.containers[0]) == 5
+    current = next(ln for ln in explorer.axes[1].get_lines() if ln.get_gid() == "current")
+    assert current.get_ydata()[0] == pytest.approx(cs_sum_kappa_squared(0.5, 5))
+    assert f"{cs_sum_kappa_squared(0.5, 5):.3g}, inside" in explorer.axes[1].get_title()
+
+    explorer.kappa_control.value = 0.8
+    assert list(line("norms_method").get_ydata()) == pytest.approx(fresh("cs", 0.8, 5))
+    explorer.method_control.value = "none"  # no reference line against itself
+    assert line("norms_none") is None and len(line("norms_method").get_ydata()) == 5
+    explorer.method_control.value = "ls"  # learned gates: panel (c) still measures a fresh model
+    assert list(line("norms_method").get_ydata()) == pytest.approx(fresh("ls", 0.8, 5))
+    assert "could not draw" not in explorer.status.value
+
+
+def test_explorer_static_figure_has_three_panels_and_is_reproducible(tiny_batch):
+    explorer = kappa_explorer("cs", 0.5, 3, norms=FreshNorms(*tiny_batch))
+    fig = explorer.static_figure()
+    assert len(fig.axes) == 3
+    assert [ax.get_title()[:3] for ax in fig.axes] == ["(a)", "(b)", "(c)"]
+    note = next(text for text in fig.texts if "Static view" in text.get_text())
+    fig.draw_without_rendering()
+    assert note.get_window_extent().y1 <= fig.axes[2].get_tightbbox().y0 + 1  # below panel (c)'s legend
+    again = kappa_explorer("cs", 0.5, 3, norms=FreshNorms(*tiny_batch))
+    assert bytes(again.image.value) == bytes(explorer.image.value)  # seeded: the same picture
+    assert len(kappa_explorer("cs", 0.5, 3).static_figure().axes) == 1  # without norms: as before
+
+
+def test_plot_sum_kappa2_curve_and_current_value():
+    ax = plot_sum_kappa2("cs", 0.5, 6)
+    curve = next(ln for ln in ax.get_lines() if ln.get_gid() != "current")
+    x, y = curve.get_xdata(), curve.get_ydata()
+    assert y[-1] == pytest.approx(cs_sum_kappa_squared(x[-1], 6))
+    assert "1.33, inside" in ax.get_title()
+    flat = plot_sum_kappa2("none", 0.5, 6)
+    assert set(next(ln for ln in flat.get_lines() if ln.get_gid() != "current").get_ydata()) == {6.0}
+    assert "= 6, outside" in flat.get_title()
+    assert "learned" in plot_sum_kappa2("ls", 0.5, 4).get_title()
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda f: f("cs", 0.5, 0), "n_skips must be >= 1"),
+        (lambda f: f("cs", 0.0, 3), "kappa must be a finite number > 0"),
+        (lambda f: f("cs", -0.5, 3), "kappa must be a finite number > 0"),
+        (lambda f: f("cosine", 0.5, 3), "unknown skip-scaling method"),
+        (lambda f: kappa_explorer("cs", 0.5, 0, norms=f), "n_skips must be >= 1"),
+        (lambda f: kappa_explorer("cs", 0.0, 3, norms=f), "kappa must be"),
+        (lambda f: kappa_explorer("cs", 0.5, 3, norms="yes"), "norms must be True, False or a FreshNorms"),
+        (lambda f: FreshNorms(f.x_t), "pass both x_t and t"),
+        (lambda f: FreshNorms(f.x_t[0], f.t), "x_t must be a batch of images"),
+        (lambda f: FreshNorms(f.x_t, f.t[:2]), "one model time per image"),
+        (lambda f: FreshNorms(f.x_t, f.t, preset="unet-ci"), "U-ViT preset"),
+        (lambda f: plot_hidden_norms([], "cs"), "norms is empty"),
+        (lambda f: plot_hidden_norms([0.1, 0.2], "cs", reference=[0.1]), "reference must hold 2"),
+        (lambda f: plot_hidden_norms([0.1, -1.0], "cs"), "finite numbers > 0"),
+        (lambda f: plot_sum_kappa2("cs", 0.5, 0), "n_skips must be >= 1"),
+        (lambda f: plot_sum_kappa2("cs", 0.0, 3), "kappa must be"),
+    ],
+)
+def test_norms_panel_bad_inputs_raise_clear_errors(tiny_batch, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(FreshNorms(*tiny_batch))
