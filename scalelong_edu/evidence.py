@@ -9,7 +9,7 @@ chapters compare methods in one way, the book's evidence protocol:
 2. summarise each method over seeds as mean and 95% interval (:func:`by_method`), counting the
    runs that diverged instead of dropping them;
 3. call a difference a difference only when the intervals do not overlap (:func:`verdict`),
-   and write each chapter's claims table from those verdicts (:class:`Claim`).
+   and write each chapter's claims table from those verdicts (:class:`scalelong_edu.ledger.Claim`).
 
 The bounds of Theorems 3.1 and 3.3 are compared with the probes through the "constant" each
 measurement implies (:func:`feature_constants`, :func:`gradient_constants`): a bound of the form
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
 from .stats import MeanSE, differ, mean_se, oscillation
+from .ledger import VERDICTS
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ LATE = 0.5
 SPIKE = 3.0
 """A training-batch gradient norm above ``SPIKE`` times the run's late median counts as a spike."""
 
-VERDICTS = ("reproduced", "not at this scale", "contradicted")
 
 
 def features(result: ExperimentResult, block: str = "b") -> pd.DataFrame:
@@ -396,6 +396,22 @@ def speedup(result: ExperimentResult, baseline: str = "none") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def speedup_verdict(speed: pd.DataFrame, label: str) -> tuple[str, str]:
+    """What :func:`speedup` says about "``label`` trains faster than the baseline": the measured
+    text and the verdict. With every seed at the target, the 95% interval of the speed-up decides
+    against 1; a method slower on every seed is contradicted; a split decision is not decided."""
+    rows = speed[speed.label == label]
+    if rows.empty:
+        raise KeyError(f"no runs labelled {label!r}; labels: {list(dict.fromkeys(speed.label))}")
+    reached, n = int(rows.reached.sum()), len(rows)
+    if reached < n:
+        text = f"{reached} of {n} seeds reach the baseline's final FCD"
+        return text, "contradicted" if reached == 0 else "not at this scale"
+    summary = by_method(rows, "speedup")[label]
+    lo, hi = summary.summary.interval()
+    return f"speed-up {summary:.2f}", "reproduced" if lo > 1 else "contradicted" if hi < 1 else "not at this scale"
+
+
 def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     """Fit the CS profile ``kappa_i = a * kappa ** (i - 1)`` (paper Eq. 8, with a free level ``a``)
     to effective coefficients ``kappa_1 .. kappa_N`` by least squares on ``log kappa_i``.
@@ -417,29 +433,6 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(slope), math.exp(level), float(r2)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One line of a chapter's claims table: what the paper says, what we measured, the verdict."""
-
-    chapter: int
-    paper: str
-    measured: str
-    verdict: str
-
-    def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-
-
-def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """The claims as the table a chapter ends with (columns: paper claims, we measured, verdict)."""
-    import pandas as pd
-
-    return pd.DataFrame([(c.paper, c.measured, c.verdict) for c in claims],
-                        columns=["the paper claims", "we measured", "verdict"])
-
-
-__all__ = ["LATE", "SPIKE", "VERDICTS", "Claim", "MethodSummary", "adam_table", "by_method", "claims_table",
-           "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "geometric_fit",
-           "gradient_constants", "robustness_table", "run_table", "speedup", "spread_by", "steps_to_reach",
+__all__ = ["LATE", "SPIKE", "MethodSummary", "adam_table", "by_method", "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "geometric_fit",
+           "gradient_constants", "robustness_table", "run_table", "speedup", "speedup_verdict", "spread_by", "steps_to_reach",
            "stress_scale", "trend", "verdict", "xt_norm_ratio"]

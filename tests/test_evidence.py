@@ -12,11 +12,9 @@ from scalelong_edu import evidence
 from scalelong_edu.data import load_dataset
 from scalelong_edu.diffusion import DiscreteSchedule, linear_schedule
 from scalelong_edu.evidence import (
-    Claim,
     MethodSummary,
     adam_table,
     by_method,
-    claims_table,
     feature_constants,
     feature_ranges,
     features,
@@ -29,6 +27,7 @@ from scalelong_edu.evidence import (
     xt_norm_ratio,
 )
 from scalelong_edu.experiments import ExperimentResult
+from scalelong_edu.ledger import VERDICTS
 from scalelong_edu.probes import COLUMNS
 from scalelong_edu.stats import mean_se, oscillation
 from scalelong_edu.theory import robustness_factor
@@ -217,7 +216,7 @@ def test_verdict_by_intervals():
     assert verdict(high, low) == "contradicted"
     assert verdict(low, wide) == "not at this scale"  # overlapping intervals
     assert verdict(low, none) == verdict(none, high) == "not at this scale"
-    assert {verdict(low, high), verdict(high, low), verdict(low, wide)} == set(evidence.VERDICTS)
+    assert {verdict(low, high), verdict(high, low), verdict(low, wide)} == set(VERDICTS)
 
 
 # -- trend, spread_by -------------------------------------------------------------------------------
@@ -401,21 +400,6 @@ def test_xt_norm_ratio_at_an_unnoised_step_is_the_datas_own_ratio(digits):
     assert frame.expected[1] == pytest.approx(0.01 * x0 + 0.99)
 
 
-# -- Claim, claims_table ----------------------------------------------------------------------------
-def test_claim_rejects_an_unknown_verdict():
-    with pytest.raises(ValueError, match="verdict must be one of"):
-        Claim(3, "CS damps oscillation", "less oscillation", "confirmed")
-
-
-def test_claims_table_columns_and_rows():
-    claims = [Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", "reproduced"),
-              Claim(3, "LS beats CS", "overlapping", "not at this scale")]
-    table = claims_table(claims)
-    assert list(table.columns) == ["the paper claims", "we measured", "verdict"]
-    assert table.verdict.tolist() == ["reproduced", "not at this scale"]
-    assert table.iloc[0, 0] == "CS damps feature oscillation" and len(claims_table([])) == 0
-
-
 # -- Frechet distance over training, speed-up, the geometric fit -------------------------------------
 def fd_result(curves, steps=(100, 200, 300, 400), diverged=()):
     """A result whose runs carry only what fd_curves/speedup read: {(label, seed): fcd values}."""
@@ -471,3 +455,24 @@ def test_geometric_fit_recovers_cs_and_measures_departures():
     for bad in ([1.0], [1.0, 0.0], [[1.0, 0.5]]):
         with pytest.raises(ValueError, match="two positive"):
             evidence.geometric_fit(bad)
+
+
+def test_speedup_verdict_reads_intervals_and_unreached_seeds():
+    def table(label, values):
+        return pd.DataFrame({"label": label, "seed": range(len(values)), "diverged_at": None,
+                             "reached": [v == v for v in values], "speedup": values})
+
+    import pandas as pd
+
+    speed = pd.concat([table("fast", [1.5, 1.6, 1.55]), table("same", [0.8, 1.3, 1.0]),
+                       table("slow", [0.5, 0.6, 0.55]), table("split", [1.2, float("nan"), 1.3]),
+                       table("never", [float("nan")] * 3)])
+    assert evidence.speedup_verdict(speed, "fast")[1] == "reproduced"
+    assert evidence.speedup_verdict(speed, "fast")[0].startswith("speed-up 1.55 [")
+    assert evidence.speedup_verdict(speed, "same")[1] == "not at this scale"
+    assert evidence.speedup_verdict(speed, "slow")[1] == "contradicted"
+    assert evidence.speedup_verdict(speed, "split") == ("2 of 3 seeds reach the baseline's final FCD",
+                                                        "not at this scale")
+    assert evidence.speedup_verdict(speed, "never")[1] == "contradicted"
+    with pytest.raises(KeyError, match="no runs labelled 'LS'"):
+        evidence.speedup_verdict(speed, "LS")

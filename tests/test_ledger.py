@@ -1,0 +1,93 @@
+"""Tests of scalelong_edu.ledger: the claims tables read back from executed notebooks, and the
+book's ledger page against its chapters."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from scalelong_edu import ledger
+from scalelong_edu.ledger import Claim, claims_table
+from scalelong_edu.notebooks import ROOT, chapters
+
+LONG = "Thm 3.1: ||h_i||^2 <= C ||x_t||^2 S_i & more " + "words " * 20  # past pandas' 50-character cut
+
+
+def glue_output(name, frame):
+    """A cell output as myst-nb's glue(name, frame, display=False) stores it."""
+    with pd.option_context("display.max_colwidth", None):
+        html = frame._repr_html_()
+    return {"output_type": "display_data", "metadata": {"scrapbook": {"name": name, "mime_prefix": "x"}},
+            "data": {ledger.GLUE_MIME: html, "application/papermill.record/text/plain": repr(frame)}}
+
+
+def notebook(tmp_path, outputs, name="nb.ipynb"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "", "outputs": outputs}]}))
+    return path
+
+
+CLAIMS = [Claim(6, LONG, "0.71 [0.52, 0.90] vs 1 (n = 3)", "not at this scale"),
+          Claim(6, "CS <speeds> training up", "x < y", "reproduced")]
+
+
+def test_claim_rejects_an_unknown_verdict():
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        Claim(3, "CS damps oscillation", "less oscillation", "confirmed")
+
+
+def test_claims_table_columns_and_rows():
+    claims = [Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", "reproduced"),
+              Claim(3, "LS beats CS", "overlapping", "not at this scale")]
+    table = claims_table(claims)
+    assert list(table.columns) == ["the paper claims", "we measured", "verdict"]
+    assert table.verdict.tolist() == ["reproduced", "not at this scale"]
+    assert table.iloc[0, 0] == "CS damps feature oscillation" and len(claims_table([])) == 0
+
+
+def test_read_claims_returns_the_full_untruncated_table(tmp_path):
+    path = notebook(tmp_path, [glue_output("other", pd.DataFrame({"a": [1]})),
+                               glue_output("claims_ch6", claims_table(CLAIMS))])
+    table = ledger.read_claims(path)
+    assert list(table.columns) == ["chapter", "the paper claims", "we measured", "verdict"]
+    assert table["the paper claims"].tolist() == [LONG.strip(), "CS <speeds> training up"]
+    assert table["we measured"].tolist() == [c.measured for c in CLAIMS] and set(table.chapter) == {6}
+
+
+def test_a_chapter_must_glue_exactly_one_claims_table(tmp_path):
+    with pytest.raises(ValueError, match="0 claims tables"):
+        ledger.read_claims(notebook(tmp_path, []))
+    twice = [glue_output("claims_ch6", claims_table(CLAIMS)), glue_output("claims_ch7", claims_table(CLAIMS))]
+    with pytest.raises(ValueError, match="2 claims tables"):
+        ledger.read_claims(notebook(tmp_path, twice))
+    bad = claims_table(CLAIMS).assign(verdict=["reproduced", "probably"])
+    with pytest.raises(ValueError, match="unknown verdicts"):
+        ledger.read_claims(notebook(tmp_path, [glue_output("claims_ch6", bad)]))
+    with pytest.raises(KeyError, match="no table named 'ledger'"):
+        ledger.glued_table(notebook(tmp_path, []), "ledger")
+
+
+def test_publish_refuses_claims_of_another_chapter():
+    with pytest.raises(ValueError, match="chapter=7"):
+        ledger.publish(7, CLAIMS)
+
+
+def test_collect_keeps_chapter_order_and_tally_counts(tmp_path):
+    other = [Claim(2, "b", "m", "contradicted")]
+    paths = [notebook(tmp_path, [glue_output("claims_ch2", claims_table(other))], "a.ipynb"),
+             notebook(tmp_path, [glue_output("claims_ch6", claims_table(CLAIMS))], "b.ipynb")]
+    table = ledger.collect(paths)
+    assert table.chapter.tolist() == [2, 6, 6]
+    counts = ledger.tally(table)
+    assert list(counts.columns) == ["reproduced", "not at this scale", "contradicted"]
+    assert counts.loc[6].tolist() == [1, 1, 0] and counts.loc["all"].tolist() == [1, 1, 1]
+
+
+def test_the_book_ledger_shows_what_the_chapters_glue():
+    """The ledger page's table, as executed, equals the claims tables the executed chapters glue:
+    re-executing a chapter whose claims changed without re-executing the ledger fails here."""
+    pages = [path for path in chapters() if path.stem != "ledger"]
+    expected = ledger.collect(pages).astype(str)
+    shown = ledger.glued_table(ROOT / "book" / "ledger.ipynb", "ledger")
+    assert set(expected.chapter.astype(int)) == set(range(1, 8)), "every chapter 1-7 publishes claims"
+    pd.testing.assert_frame_equal(shown, expected)
