@@ -140,6 +140,9 @@ def collect(notebooks: Sequence[str | Path]) -> pd.DataFrame:
     """Every claims table of ``notebooks``, in order: the ledger."""
     import pandas as pd
 
+    if not notebooks:
+        raise ValueError("no chapter notebooks given: the ledger reads the executed chapters, so run it "
+                         "in the book/ folder of a clone of the repository")
     return pd.concat([read_claims(path) for path in notebooks], ignore_index=True)
 
 

@@ -164,7 +164,8 @@ def test_a_built_wheel_installs_and_runs_the_first_cells_of_every_chapter(tmp_pa
     site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     venv_site = next((venv / "lib").glob("python3*/site-packages"))
     (venv_site / "dependencies.pth").write_text(f"{site}\n")
-    chapters = [str(p) for p in notebooks.chapters()]
+    # the ledger reads the executed chapters beside it, which a wheel does not carry
+    chapters = [str(p) for p in notebooks.chapters() if p.stem != "ledger"]
     run = subprocess.run([str(python), "-c", WHEEL_CHECK, *chapters], capture_output=True, text=True,
                          cwd=tmp_path, timeout=600, env={**os.environ, "SCALELONG_PROFILE": "ci"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

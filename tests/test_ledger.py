@@ -63,6 +63,8 @@ def test_a_chapter_must_glue_exactly_one_claims_table(tmp_path):
     bad = claims_table(CLAIMS).assign(verdict=["reproduced", "probably"])
     with pytest.raises(ValueError, match="unknown verdicts"):
         ledger.read_claims(notebook(tmp_path, [glue_output("claims_ch6", bad)]))
+    with pytest.raises(ValueError, match="clone of the repository"):
+        ledger.collect([])
     with pytest.raises(KeyError, match="no table named 'ledger'"):
         ledger.glued_table(notebook(tmp_path, []), "ledger")
 
