@@ -158,6 +158,23 @@ SCALING_METHODS = (*METHODS[:2], *((f"CS (kappa={k:g})", "cs", k) for k in (0.3,
 """The methods of chapters 6-7: the comparison's, with CS on a grid of kappa and LS per skip."""
 
 
+DEPTHS = (2, 4, 6, 8)
+"""The numbers of long skips N that chapter 8 sweeps."""
+SWEEP = dict(step_fraction=1 / 3, adam_stats=False, fd_points=1, end_probes=False)
+"""Chapter 8's sweeps: a third of the profile's steps, the Frechet distance at the end, no Adam
+statistics or end probes (the largest runs of the book, sized to a few hours of a 2-core CPU)."""
+
+
+def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
+    """The preset arguments that give the profile's ``backbone`` ``n`` long skips: a U-ViT of
+    depth ``2n``; a conv UNet of ``n / 2`` resolution levels of two blocks (its presets' width)."""
+    if backbone == "uvit":
+        return (("depth", 2 * n),)
+    if n % 2:
+        raise ValueError(f"a conv UNet has two long skips per level: n must be even, got {n}")
+    return (("channel_mults", (1,) * (n // 2)),)
+
+
 def _methods(backbone: str, regime: str) -> tuple[RunSpec, ...]:
     return tuple(RunSpec(label, backbone, method, kappa, regime=regime) for label, method, kappa in METHODS)
 
@@ -176,13 +193,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
                      "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
           for b, name in BACKBONES.items()),
-        Experiment("depth-sweep", "U-ViT with N = 2, 6, 10 long skips: none vs 1/sqrt(2)-CS vs CS (reviewer Q3)",
-                   tuple(RunSpec(f"{label}, N={d // 2}", method=m, model_overrides=(("depth", d),))
-                         for d in (4, 12, 20) for label, m in (("none", "none"), ("1/sqrt(2)-CS", "sqrt2-cs"),
-                                                               ("CS", "cs")))),
-        Experiment("block-output", "U-ViT: CS on the skips vs Hanin-Rolnick scaling of the block outputs",
-                   (RunSpec("none"), RunSpec("CS (kappa=0.5)", method="cs"),
-                    RunSpec("block-output (eta=0.5)", method="block-output"))),
         *(Experiment(f"scaling-{b}", f"{name}, gentle regime: none, 1/sqrt(2)-CS, CS at kappa 0.3 .. 0.9, LS "
                      "shared and per skip, with the Frechet distance over training (chapters 6-7)",
                      tuple(RunSpec(label, b, method, kappa) for label, method, kappa in SCALING_METHODS),
@@ -192,6 +202,25 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "the kappa grid where training is pushed hard)",
                    tuple(RunSpec(f"CS (kappa={k:g})", "uvit", "cs", k, regime="stress") for k in (0.3, 0.7, 0.9)),
                    adam_stats=False, end_probes=False),
+        *(Experiment(f"depth-{b}", f"{name}, gentle regime, N = 2, 4, 6, 8 long skips: none vs 1/sqrt(2)-CS vs "
+                     "CS vs LS, a third of the steps (chapter 8, reviewer Q3)",
+                     tuple(RunSpec(f"{label}, N={n}", b, method, kappa, model_overrides=depth_overrides(b, n))
+                           for n in DEPTHS for label, method, kappa in METHODS), **SWEEP)
+          for b, name in BACKBONES.items()),
+        Experiment("kappa-grid", "U-ViT with N = 4 and 8: CS at kappa 0.3, 0.4, 0.6, 0.7, 0.8, 0.9 (with depth-uvit's "
+                   "none = kappa 1 and CS 0.5, a grid of kappa at two depths; reviewer W4)",
+                   tuple(RunSpec(f"CS (kappa={k:g}), N={n}", "uvit", "cs", k, model_overrides=depth_overrides("uvit", n))
+                         for n in (4, 8) for k in (0.3, 0.4, 0.6, 0.7, 0.8, 0.9)), **SWEEP),
+        Experiment("block-output", "U-ViT with N = 8: Hanin-Rolnick scaling of the block outputs at eta 0.3, 0.5, 0.7, "
+                   "0.9 (against kappa-grid's CS at the same values; reviewer W2)",
+                   tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
+                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.5, 0.7, 0.9)), **SWEEP),
+        Experiment("stability-map", "U-ViT, N = 2, 4, 6, 8, at 8x and 16x the gentle learning rate: none vs "
+                   "1/sqrt(2)-CS vs CS vs LS, two seeds (with depth-uvit at 1x, a map of where training holds)",
+                   tuple(RunSpec(f"{label}, N={n}, lr x{k}", "uvit", method, kappa, lr_scale=k,
+                                 model_overrides=depth_overrides("uvit", n))
+                         for k in (8, 16) for n in DEPTHS for label, method, kappa in METHODS),
+                   **{**SWEEP, "fd_points": 0}, seeds=2),
     )
 }
 

@@ -25,7 +25,8 @@ TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4,
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sweep", "unet-lr-sweep",
-         "depth-sweep", "block-output", "scaling-uvit", "scaling-unet", "kappa-uvit-stress"]
+         "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet", "kappa-grid",
+         "block-output", "stability-map"]
 
 
 @pytest.fixture(autouse=True)
