@@ -167,7 +167,9 @@ statistics or end probes (the largest runs of the book, sized to a few hours of 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
     """The preset arguments that give the profile's ``backbone`` ``n`` long skips: a U-ViT of
-    depth ``2n``; a conv UNet of ``n / 2`` resolution levels of two blocks (its presets' width)."""
+    depth ``2n``; a conv UNet of ``n / 2`` resolution levels at the preset's width. The ``cpu`` and
+    ``gpu`` conv UNets have two blocks per level, so ``N = n``; the ``ci`` one has one, so there
+    ``N = n / 2`` (:func:`scalelong_edu.sweeps.n_skips` reads the true ``N`` back)."""
     if backbone == "uvit":
         return (("depth", 2 * n),)
     if n % 2:

@@ -197,3 +197,50 @@ def plot_kappa_profile(
 
 __all__ = ["method_colors", "plot_against_tail_sum", "plot_fd_curves", "plot_intervals", "plot_kappa_profile",
            "plot_over_training", "plot_robustness", "plot_xt_ratio"]
+
+
+def plot_sweep(
+    summary: pd.DataFrame, x: str, colors: Mapping[str, tuple], ax: Axes | None = None, ylabel: str = ""
+) -> Axes:
+    """A sweep's summary (:func:`scalelong_edu.sweeps.summarize`) against the swept setting ``x``
+    (e.g. ``"N"`` or ``"kappa"``): per method the mean over seeds with its 95% interval as error
+    bars, slightly offset sideways so that the bars of different methods do not hide each other."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    methods = list(dict.fromkeys(summary.method))
+    values = np.sort(summary[x].unique())
+    step = np.diff(values).min() if len(values) > 1 else 1.0
+    for k, method in enumerate(methods):
+        rows = summary[summary.method == method].sort_values(x)
+        shift = (k - (len(methods) - 1) / 2) * 0.06 * step
+        ax.errorbar(rows[x] + shift, rows["mean"], yerr=[rows["mean"] - rows.lo, rows.hi - rows["mean"]],
+                    fmt="o-", ms=4, capsize=3, color=colors[method], label=method)
+    ax.set_xticks(values)
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    legend_below(ax, ncol=min(4, len(methods)))
+    return ax
+
+
+def plot_stability_maps(stability: pd.DataFrame, ncols: int = 2) -> Figure:
+    """One heat map per method of :func:`scalelong_edu.sweeps.stability_map`: learning-rate factor
+    (rows) by number of long skips ``N`` (columns), coloured by the share of seeds whose training
+    broke down and annotated ``broken / runs``."""
+    methods = list(dict.fromkeys(stability.method))
+    nrows = -(-len(methods) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False,
+                             sharex=True, sharey=True, constrained_layout=True)
+    for ax, method in zip(axes.flat, methods):
+        rows = stability[stability.method == method]
+        share = rows.pivot(index="lr_scale", columns="N", values="share").sort_index(ascending=False)
+        text = (rows.broke.astype(str) + "/" + rows.runs.astype(str)).set_axis(rows.index)
+        notes = rows.assign(text=text).pivot(index="lr_scale", columns="N", values="text").loc[share.index]
+        sns.heatmap(share, vmin=0, vmax=1, cmap="rocket_r", annot=notes, fmt="", cbar=False, ax=ax,
+                    linewidths=0.5, linecolor="white")
+        ax.set_title(method)
+        ax.set_xlabel("N (long skips)")
+        ax.set_ylabel("learning rate ×")
+        ax.set_yticklabels([f"{v:g}" for v in share.index], rotation=0)
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
+    return fig

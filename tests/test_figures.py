@@ -16,6 +16,8 @@ from scalelong_edu.figures import (
     plot_kappa_profile,
     plot_over_training,
     plot_robustness,
+    plot_stability_maps,
+    plot_sweep,
     plot_xt_ratio,
 )
 from scalelong_edu.stats import mean_se
@@ -194,3 +196,24 @@ def test_plot_kappa_profile_means_over_seeds_with_references():
     assert list(lines["LS"].get_ydata()) == pytest.approx([0.6, 0.3])
     assert list(lines["CS, kappa = 0.5"].get_ydata()) == [1, 0.5]
     assert legend_texts(ax.get_legend()) == ["LS", "CS, kappa = 0.5"]
+
+
+def test_plot_sweep_one_errorbar_line_per_method_at_the_swept_values():
+    summary = pd.DataFrame({"method": ["none", "none", "CS", "CS"], "N": [2, 4, 2, 4], "mean": [1.0, 2.0, 1.0, 1.5],
+                            "lo": [0.5, 1.5, 0.8, 1.0], "hi": [1.5, 2.5, 1.2, 2.0]})
+    ax = plot_sweep(summary, "N", method_colors(["none", "CS"]), ylabel="FCD")
+    assert legend_texts(ax.get_legend()) == ["none", "CS"] and list(ax.get_xticks()) == [2, 4]
+    lines = [container.lines[0] for container in ax.containers]  # the data line of each errorbar
+    assert sorted(tuple(line.get_ydata()) for line in lines) == [(1.0, 1.5), (1.0, 2.0)]
+    assert all(line.get_xdata()[0] != 2 for line in lines)  # offset so that the error bars do not overlap
+
+
+def test_plot_stability_maps_one_heat_map_per_method_annotated_broken_over_runs():
+    stability = pd.DataFrame({"method": ["none"] * 4 + ["CS"] * 4, "lr_scale": [1, 1, 16, 16] * 2,
+                              "N": [2, 4] * 4, "broke": [0, 0, 1, 2, 0, 0, 0, 2], "runs": [2] * 8})
+    stability["share"] = stability.broke / stability.runs
+    fig = plot_stability_maps(stability)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["none", "CS"]
+    texts = [t.get_text() for t in visible[0].texts]
+    assert texts == ["1/2", "2/2", "0/2", "0/2"]  # the highest learning rate on top

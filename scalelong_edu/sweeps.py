@@ -1,0 +1,123 @@
+"""Sweeps: one row per run over depth, kappa and learning rate, summaries and a stability map.
+
+Chapter 8 asks how the methods behave as a setting changes: the number of long skips ``N``, the
+CS base ``kappa`` (or the block-output ``eta``), the learning rate. Its experiments
+(``depth-uvit``, ``depth-unet``, ``kappa-grid``, ``block-output``, ``stability-map``) label every run
+``"<method>, N=<n>[, lr x<k>]"``; :func:`sweep_table` turns any of them into one frame with the
+setting as columns, so that a study is a ``groupby``:
+
+* :func:`summarize` gives mean and 95% interval over seeds of one column per setting, counting
+  diverged runs instead of averaging them;
+* :func:`stability_map` gives, per method, the share of seeds whose training broke down (it
+  diverged, or it ended no better than predicting zero noise) at each learning rate and depth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+from .evidence import run_table
+from .models import PRESETS
+from .scaling import path_factors
+from .stats import mean_se
+from .theory import sum_kappa_squared
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .experiments import ExperimentResult
+
+BREAKDOWN_LOSS = 0.5
+"""A final training loss at or above this counts as a breakdown. Predicting zero noise scores
+``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
+while every gentle run of the book ends below 0.2."""
+
+
+def n_skips(run: dict, preset: str) -> int:
+    """The number of long skips ``N`` of a run record's model (``run`` as cached: its
+    ``model_overrides`` applied to the profile's ``preset``)."""
+    kwargs = {**PRESETS[preset][1], **dict(run["model_overrides"])}
+    if "depth" in kwargs:
+        return kwargs["depth"] // 2
+    return len(kwargs["channel_mults"]) * kwargs["blocks_per_level"]
+
+
+def sum_kappa2(method: str, kappa: float, n: int) -> float:
+    """``sum_i kappa_i^2`` over the ``N`` skip paths (Theorem 3.1's factor) of a constant method,
+    from the total factor on each path (:func:`scalelong_edu.scaling.path_factors`); ``NaN`` for
+    LS, whose ``kappa_i`` are learned."""
+    if method in ("ls", "ls-per-skip"):
+        return math.nan
+    return sum_kappa_squared(path_factors(method, kappa, n)[:n])
+
+
+def sweep_table(*results: ExperimentResult) -> pd.DataFrame:
+    """One row per run of ``results``: :func:`scalelong_edu.evidence.run_table`'s numbers with
+    the run's setting and its final Frechet distance.
+
+    Added columns: ``experiment, backbone, method`` (the label before ``", N="``), ``scaling``
+    and ``kappa`` (the method's name and base), ``N``, ``lr_scale``, ``lr``, ``sum_kappa2``
+    (:func:`sum_kappa2`) and ``fcd`` (the last Frechet distance measured in training, ``NaN``
+    without one or when the run diverged).
+    """
+    import pandas as pd
+
+    frames = []
+    for result in results:
+        table = run_table(result)
+        rows = []
+        for record in result.runs:
+            run = record["run"]
+            preset = result.spec["profile"][run["backbone"]]
+            n = n_skips(run, preset)
+            fd = record.get("fd", {}).get("fcd", [])
+            rows.append({"experiment": result.spec["experiment"]["name"], "backbone": run["backbone"],
+                         "method": record["label"].split(", N=")[0], "scaling": run["method"],
+                         "kappa": run["kappa"], "N": n, "lr_scale": run["lr_scale"], "lr": run["lr"],
+                         "sum_kappa2": sum_kappa2(run["method"], run["kappa"], n),
+                         "fcd": fd[-1] if fd and record["diverged_at"] is None else math.nan})
+        frames.append(pd.concat([pd.DataFrame(rows), table.drop(columns="label")], axis=1))
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone", "method", "N")) -> pd.DataFrame:
+    """Mean and 95% interval over seeds of ``column`` of :func:`sweep_table` for each setting ``by``.
+
+    Columns: ``by``, ``mean, lo, hi`` (``NaN`` when fewer than two runs finished), ``finished``,
+    ``diverged`` and ``runs``. Settings keep the order in which they first appear.
+    """
+    import pandas as pd
+
+    if column not in table.columns:
+        raise KeyError(f"no column {column!r}; the sweep table has {list(table.columns)}")
+    rows = []
+    for key, group in table.groupby(list(by), sort=False):
+        values = [v for v in group[column] if math.isfinite(v)]
+        lo = hi = mean = math.nan
+        if len(values) >= 2:
+            summary = mean_se(values)
+            mean, (lo, hi) = summary.mean, summary.interval()
+        elif values:
+            mean = values[0]
+        rows.append({**dict(zip(by, key)), "mean": mean, "lo": lo, "hi": hi, "finished": len(values),
+                     "diverged": int(group.diverged_at.notna().sum()), "runs": len(group)})
+    return pd.DataFrame(rows)
+
+
+def broke_down(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.Series:
+    """Per run of :func:`sweep_table`: True when it diverged or ended with a loss of at least ``limit``."""
+    return table.diverged_at.notna() | (table.loss >= limit)
+
+
+def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.DataFrame:
+    """The share of seeds that :func:`broke_down`, per ``method``, ``lr_scale`` and ``N``.
+
+    Columns: ``method, lr_scale, N, broke, runs, share`` (``share = broke / runs``).
+    """
+    frame = table.assign(broke=broke_down(table, limit))
+    out = frame.groupby(["method", "lr_scale", "N"], sort=False).broke.agg(broke="sum", runs="size").reset_index()
+    return out.assign(broke=out.broke.astype(int), share=out.broke / out.runs)
+
+
+__all__ = ["BREAKDOWN_LOSS", "broke_down", "n_skips", "stability_map", "summarize", "sum_kappa2", "sweep_table"]

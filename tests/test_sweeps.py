@@ -1,0 +1,87 @@
+"""Tests of scalelong_edu.sweeps: the settings of each run read back from a trained sweep,
+summaries over seeds, the breakdown rule and the stability map."""
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from scalelong_edu import experiments as ex
+from scalelong_edu import sweeps
+from scalelong_edu.experiments import depth_overrides
+from scalelong_edu.models import build_model
+from scalelong_edu.profiles import PROFILES
+
+TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=2)
+SWEEP = ex.Experiment(
+    "tiny-sweep", "two depths, three methods",
+    tuple(ex.RunSpec(f"{label}, N={n}", "uvit", method, kappa, model_overrides=depth_overrides("uvit", n))
+          for n in (1, 2) for label, method, kappa in (("none", "none", 1.0), ("CS (kappa=0.5)", "cs", 0.5),
+                                                       ("LS", "ls", 1.0))),
+    adam_stats=False, fd_points=1, end_probes=False,
+)
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SCALELONG_RESULTS", str(tmp_path_factory.mktemp("results")))
+        mp.setitem(ex.EXPERIMENTS, SWEEP.name, SWEEP)
+        return sweeps.sweep_table(ex.run_experiment(SWEEP.name, TINY, progress=False))
+
+
+def test_sweep_table_reads_each_runs_setting(table):
+    assert len(table) == 12 and set(table.seed) == {0, 1}
+    assert list(dict.fromkeys(table.method)) == ["none", "CS (kappa=0.5)", "LS"]
+    assert list(table.N[table.seed == 0]) == [1, 1, 1, 2, 2, 2]
+    assert set(table.experiment) == {"tiny-sweep"} and set(table.lr_scale) == {1.0}
+    assert table.fcd.notna().all() and (table.fcd > 0).all()  # the end-of-training Frechet distance
+
+
+def test_sum_kappa2_of_each_method_at_each_depth(table):
+    none, cs, ls = (table[(table.method == m) & (table.N == 2)].sum_kappa2.iloc[0]
+                    for m in ("none", "CS (kappa=0.5)", "LS"))
+    assert none == 2 and cs == pytest.approx(1 + 0.25) and math.isnan(ls)
+    assert sweeps.sum_kappa2("sqrt2-cs", 1.0, 8) == pytest.approx(4)
+    assert sweeps.sum_kappa2("cs", 0.5, 8) == pytest.approx((1 - 0.25**8) / 0.75)
+    # block-output leaves the skips alone but scales the stream: path k carries eta^(k-1), like CS
+    assert sweeps.sum_kappa2("block-output", 0.5, 8) == pytest.approx(sweeps.sum_kappa2("cs", 0.5, 8))
+
+
+@pytest.mark.parametrize("backbone, preset", [("uvit", "uvit-s"), ("unet", "unet-s"), ("unet", "unet-m")])
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_depth_overrides_give_n_skips(backbone, preset, n):
+    run = {"model_overrides": [list(kv) for kv in depth_overrides(backbone, n)]}  # as cached (JSON)
+    assert sweeps.n_skips(run, preset) == n
+    assert build_model(preset, 1, 16, **dict(depth_overrides(backbone, n))).n_skips == n
+
+
+def test_depth_overrides_refuse_an_odd_conv_unet():
+    with pytest.raises(ValueError, match="two long skips per level"):
+        depth_overrides("unet", 3)
+
+
+def frame(rows):
+    return pd.DataFrame(rows, columns=["method", "lr_scale", "N", "seed", "loss", "diverged_at"])
+
+
+def test_summarize_gives_mean_interval_and_counts_divergences():
+    table = frame([("CS", 1, 2, 0, 0.1, None), ("CS", 1, 2, 1, 0.3, None), ("CS", 1, 2, 2, math.nan, 17),
+                   ("none", 1, 2, 0, 0.2, None)])
+    out = sweeps.summarize(table, "loss", by=("method", "N")).set_index("method")
+    assert out.loc["CS", "mean"] == pytest.approx(0.2) and out.loc["CS", "lo"] < 0.1 < 0.3 < out.loc["CS", "hi"]
+    assert tuple(out.loc["CS", ["finished", "diverged", "runs"]]) == (2, 1, 3)
+    assert out.loc["none", "mean"] == 0.2 and math.isnan(out.loc["none", "lo"])  # one run: no interval
+    with pytest.raises(KeyError, match="no column 'fcd'"):
+        sweeps.summarize(table, "fcd")
+
+
+def test_stability_map_counts_divergence_and_breakdown_per_setting():
+    table = frame([("CS", 16, 2, 0, 0.97, None), ("CS", 16, 2, 1, 0.09, None), ("CS", 16, 4, 0, math.nan, 40),
+                   ("CS", 16, 4, 1, 0.49, None), ("none", 16, 2, 0, 0.08, None), ("none", 16, 2, 1, 0.5, None)])
+    assert list(sweeps.broke_down(table)) == [True, False, True, False, False, True]
+    out = sweeps.stability_map(table)
+    assert list(out.columns) == ["method", "lr_scale", "N", "broke", "runs", "share"]
+    assert list(out.share) == [0.5, 0.5, 0.5] and list(out.runs) == [2, 2, 2]
+    assert list(sweeps.stability_map(table, limit=0.4).broke) == [1, 2, 1]
