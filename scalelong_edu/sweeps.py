@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
-from .evidence import run_table
+import numpy as np
+
+from .evidence import MethodSummary, by_method, run_table
 from .models import PRESETS
 from .scaling import path_factors
 from .stats import mean_se
@@ -105,6 +107,27 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
     return pd.DataFrame(rows)
 
 
+def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
+    """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``."""
+    mask = np.ones(len(table), dtype=bool)
+    for column, value in where.items():
+        if column not in table.columns:
+            raise KeyError(f"no column {column!r}; the sweep table has {list(table.columns)}")
+        mask &= (table[column] == value).to_numpy()
+    return table[mask]
+
+
+def method_summary(table: pd.DataFrame, column: str, **where: object) -> MethodSummary:
+    """``column`` over the runs of one setting (:func:`select`), summarised as in the comparisons
+    of chapters 3-7 (:func:`scalelong_edu.evidence.by_method`), so that
+    :func:`scalelong_edu.evidence.verdict` can compare two settings."""
+    rows = select(table, **where)
+    if rows.empty:
+        raise ValueError(f"no runs with {where}")
+    label = str(where.get("method", ", ".join(f"{k}={v}" for k, v in where.items())))
+    return by_method(rows.assign(label=label), column)[label]
+
+
 def broke_down(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.Series:
     """Per run of :func:`sweep_table`: True when it diverged or ended with a loss of at least ``limit``."""
     return table.diverged_at.notna() | (table.loss >= limit)
@@ -120,4 +143,22 @@ def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.Data
     return out.assign(broke=out.broke.astype(int), share=out.broke / out.runs)
 
 
-__all__ = ["BREAKDOWN_LOSS", "broke_down", "n_skips", "stability_map", "summarize", "sum_kappa2", "sweep_table"]
+def breakdown_verdict(stability: pd.DataFrame, method: str, baseline: str = "none") -> tuple[str, str]:
+    """Whether ``method`` breaks down less often than ``baseline`` over all settings of a
+    :func:`stability_map`, by Fisher's exact test on the pooled counts (two-sided, 5%): the
+    measured text and ``"reproduced"``, ``"contradicted"`` or ``"not at this scale"``."""
+    from scipy.stats import fisher_exact
+
+    counts = stability.groupby("method")[["broke", "runs"]].sum()
+    for name in (method, baseline):
+        if name not in counts.index:
+            raise KeyError(f"no method {name!r} in the map; it has {list(counts.index)}")
+    (a, n), (b, m) = counts.loc[method], counts.loc[baseline]
+    p = float(fisher_exact([[a, n - a], [b, m - b]]).pvalue)
+    text = f"{method}: {a} of {n} runs broke down, {baseline}: {b} of {m} (Fisher p = {p:.2g})"
+    if p >= 0.05:
+        return text, "not at this scale"
+    return text, "reproduced" if a / n < b / m else "contradicted"
+
+
+__all__ = ["BREAKDOWN_LOSS", "breakdown_verdict", "broke_down", "method_summary", "n_skips", "select", "stability_map", "summarize", "sum_kappa2", "sweep_table"]

@@ -85,3 +85,30 @@ def test_stability_map_counts_divergence_and_breakdown_per_setting():
     assert list(out.columns) == ["method", "lr_scale", "N", "broke", "runs", "share"]
     assert list(out.share) == [0.5, 0.5, 0.5] and list(out.runs) == [2, 2, 2]
     assert list(sweeps.stability_map(table, limit=0.4).broke) == [1, 2, 1]
+
+
+def test_breakdown_verdict_pools_the_map_and_tests_it():
+    def stability(broke_cs, broke_none, runs=12):
+        return pd.DataFrame({"method": ["CS", "none"], "lr_scale": [16, 16], "N": [8, 8],
+                             "broke": [broke_cs, broke_none], "runs": [runs, runs]})
+
+    text, verdict = sweeps.breakdown_verdict(stability(0, 9), "CS")
+    assert verdict == "reproduced" and text.startswith("CS: 0 of 12 runs broke down, none: 9 of 12")
+    assert sweeps.breakdown_verdict(stability(9, 0), "CS")[1] == "contradicted"
+    assert sweeps.breakdown_verdict(stability(1, 2), "CS")[1] == "not at this scale"  # too few to tell
+    with pytest.raises(KeyError, match="no method 'LS'"):
+        sweeps.breakdown_verdict(stability(0, 0), "LS")
+
+
+def test_select_and_method_summary_of_one_setting():
+    table = frame([("CS", 1, 8, 0, 0.1, None), ("CS", 1, 8, 1, 0.3, None), ("CS", 1, 4, 0, 0.9, None),
+                   ("none", 1, 8, 0, 0.2, None), ("none", 1, 8, 1, 0.4, None)])
+    assert list(sweeps.select(table, method="CS", N=8).loss) == [0.1, 0.3]
+    cs = sweeps.method_summary(table, "loss", method="CS", N=8)
+    assert cs.label == "CS" and cs.summary.mean == pytest.approx(0.2) and cs.runs == 2
+    none = sweeps.method_summary(table, "loss", method="none", N=8)
+    assert none.summary.mean == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="no runs with"):
+        sweeps.method_summary(table, "loss", method="LS")
+    with pytest.raises(KeyError, match="no column 'depth'"):
+        sweeps.select(table, depth=8)
