@@ -211,7 +211,8 @@ EXPERIMENTS: dict[str, Experiment] = {
           for b, name in BACKBONES.items()),
         Experiment("kappa-grid", "U-ViT with N = 4 and 8: CS at kappa 0.3, 0.4, 0.6, 0.7, 0.8, 0.9 (with depth-uvit's "
                    "none = kappa 1 and CS 0.5, a grid of kappa at two depths; reviewer W4)",
-                   tuple(RunSpec(f"CS (kappa={k:g}), N={n}", "uvit", "cs", k, model_overrides=depth_overrides("uvit", n))
+                   tuple(RunSpec(f"CS (kappa={k:g}), N={n}", "uvit", "cs", k,
+                                 model_overrides=depth_overrides("uvit", n))
                          for n in (4, 8) for k in (0.3, 0.4, 0.6, 0.7, 0.8, 0.9)), **SWEEP),
         Experiment("block-output", "U-ViT with N = 8: Hanin-Rolnick scaling of the block outputs at eta 0.3, 0.6, 0.9 "
                    "(against kappa-grid's CS at the same values; reviewer W2)",

@@ -161,4 +161,5 @@ def breakdown_verdict(stability: pd.DataFrame, method: str, baseline: str = "non
     return text, "reproduced" if a / n < b / m else "contradicted"
 
 
-__all__ = ["BREAKDOWN_LOSS", "breakdown_verdict", "broke_down", "method_summary", "n_skips", "select", "stability_map", "summarize", "sum_kappa2", "sweep_table"]
+__all__ = ["BREAKDOWN_LOSS", "breakdown_verdict", "broke_down", "method_summary", "n_skips", "select", "stability_map",
+           "summarize", "sum_kappa2", "sweep_table"]

@@ -49,7 +49,8 @@ def test_sum_kappa2_of_each_method_at_each_depth(table):
     assert sweeps.sum_kappa2("block-output", 0.5, 8) == pytest.approx(sweeps.sum_kappa2("cs", 0.5, 8))
 
 
-@pytest.mark.parametrize("backbone, preset", [("uvit", "uvit-s"), ("unet", "unet-s"), ("unet", "unet-m")])
+@pytest.mark.parametrize("backbone, preset",
+                         [("uvit", "uvit-s"), ("uvit", "uvit-m"), ("unet", "unet-s"), ("unet", "unet-m")])
 @pytest.mark.parametrize("n", [2, 4, 6, 8])
 def test_depth_overrides_give_n_skips(backbone, preset, n):
     run = {"model_overrides": [list(kv) for kv in depth_overrides(backbone, n)]}  # as cached (JSON)
