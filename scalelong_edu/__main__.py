@@ -23,6 +23,7 @@ a second. The profile is --profile, else ${ENV_VAR}, else `gpu` with CUDA and `c
 examples:
   python -m scalelong_edu list
   python -m scalelong_edu run uvit-gentle --profile cpu
+  python -m scalelong_edu run depth-uvit --profile cpu --workers 2
   torchrun --standalone --nproc_per_node 2 -m scalelong_edu run uvit-gentle --profile gpu
 """
 
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--force", action="store_true", help="train again even if a cached result exists")
     run.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--workers", type=int, default=1,
+                     help="train this many runs at once on the CPU, one thread each (e.g. 2 on a 2-core machine)")
     args = parser.parse_args(argv)
     try:
         _command(args)
@@ -73,7 +76,7 @@ def _command(args: argparse.Namespace) -> None:
             print(f"  {e.name:16s} {n:2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
     else:
         result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, workers=args.workers)
         if init_distributed()[0] != 0:  # under torchrun, rank 0 alone reports
             return
         print(f"{args.name} ({result.spec['profile']['name']} profile), {result.describe()}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import platform
 import shutil
@@ -432,19 +433,35 @@ def finished_runs(plan: tuple[RunSpec, ...], path: Path) -> tuple[dict[int, dict
     return done, damaged
 
 
+def _train_alone(job: tuple[int, RunSpec, Experiment, Profile]) -> tuple[int, dict[str, Any]]:
+    """A worker process of ``run_experiment(..., workers=n)``: one run on one CPU thread."""
+    torch.set_num_threads(1)
+    i, run, experiment, profile = job
+    return i, train_run(run, experiment, profile, torch.device("cpu"), progress=False)
+
+
 def run_experiment(
     name: str, profile: str | Profile | None = None, force: bool = False, device: str | None = None,
-    progress: bool = True,
+    progress: bool = True, workers: int = 1,
 ) -> ExperimentResult:
     """The experiment's result: from the cache when its spec matches, else trained now and cached.
 
     Every finished run is kept (``runs_dir``) until all are done, so a rerun after an
     interruption trains only the missing ones; ``force=True`` trains everything again.
+    ``workers > 1`` trains that many runs at once on the CPU, each in its own process on one
+    thread: the small models of the ``cpu`` profile do not keep several threads busy, so on two
+    cores two one-thread runs get through a sweep faster than one run on both
+    (``benchmarks/cpu_throughput.py`` measures the ratio).
     """
     experiment = get_experiment(name)
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     path = cache_path(experiment, profile)
-    rank = init_distributed()[0]
+    rank, world = init_distributed()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int (e.g. 2 on a 2-core CPU), got {workers!r}")
+    if workers > 1 and (world > 1 or (device or "cpu") != "cpu"):
+        raise ValueError("workers > 1 trains separate runs on CPU cores: use it without torchrun and with device "
+                         "'cpu' (on a GPU, train one run at a time, or split each batch with torchrun)")
 
     def say(text: str) -> None:
         if progress and rank == 0:
@@ -469,18 +486,29 @@ def run_experiment(
     )
     if done:
         say(f"{len(done)} of {len(plan)} runs already done in {runs_dir(path)}; continuing")
-    start = time.perf_counter()
-    for i, run in enumerate(plan):
-        if i in done:
-            result.runs.append(done[i])
-            continue
-        say(f"run {i + 1}/{len(plan)}: {run.label}, seed {run.seed}, lr {run.lr:g}")
-        record = train_run(run, experiment, profile, dev, progress)
+    start, before = time.perf_counter(), sum(r["wall_time_s"] for r in done.values())
+
+    def keep(i: int, record: dict[str, Any]) -> None:
         if rank == 0:
-            saved = {"run": asdict(run), "record": record}
+            saved = {"run": asdict(plan[i]), "record": record}
             atomic_write(runs_dir(path) / f"{i}.json", lambda tmp: tmp.write_text(json.dumps(saved)))
-        result.runs.append(record)
-    result.provenance["wall_time_s"] = time.perf_counter() - start + sum(r["wall_time_s"] for r in done.values())
+        done[i] = record
+
+    todo = [i for i in range(len(plan)) if i not in done]
+    if workers > 1 and todo:
+        say(f"training {len(todo)} runs, {workers} at a time on one CPU thread each")
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for i, record in pool.imap_unordered(_train_alone, [(i, plan[i], experiment, profile) for i in todo]):
+                say(f"run {i + 1}/{len(plan)} done: {plan[i].label}, seed {plan[i].seed}")
+                keep(i, record)
+    for i in todo:
+        if i not in done:
+            run = plan[i]
+            say(f"run {i + 1}/{len(plan)}: {run.label}, seed {run.seed}, lr {run.lr:g}")
+            keep(i, train_run(run, experiment, profile, dev, progress))
+    result.runs = [done[i] for i in range(len(plan))]
+    result.provenance["wall_time_s"] = time.perf_counter() - start + before
+    result.provenance["workers"] = workers
     if rank == 0:  # under torchrun only rank 0 writes
         text = json.dumps(result.to_json(), separators=(",", ":")).encode()
         atomic_write(path, lambda tmp: tmp.write_bytes(gzip.compress(text, mtime=0)))

@@ -258,6 +258,35 @@ def test_an_interrupted_experiment_keeps_its_finished_runs_and_continues(tmp_res
     assert path.exists() and not ex.runs_dir(path).exists()
 
 
+def test_workers_train_runs_in_parallel_processes_with_the_results_of_one_thread(tmp_results, monkeypatch, capsys):
+    two_seeds = replace(TINY, steps=2, seeds=2)
+    path = ex.cache_path(QUICK, two_seeds)
+    ex.runs_dir(path).mkdir()  # one run already done: the workers train only the other three
+    first = ex.train_run(QUICK.plan(two_seeds)[0], QUICK, two_seeds, progress=False)
+    (ex.runs_dir(path) / "0.json").write_text(json.dumps({"run": asdict(QUICK.plan(two_seeds)[0]), "record": first}))
+    parallel = ex.run_experiment("quick", two_seeds, workers=2)
+    assert "training 3 runs, 2 at a time" in capsys.readouterr().out
+    assert [(r["label"], r["run"]["seed"]) for r in parallel.runs] == [("none", 0), ("CS", 0), ("none", 1), ("CS", 1)]
+    assert parallel.provenance["workers"] == 2 and not ex.runs_dir(path).exists()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serial = ex.run_experiment("quick", two_seeds, force=True, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(parallel.runs, serial.runs):
+        assert a["history"] == b["history"] and a["samples"] == b["samples"]
+
+
+def test_workers_are_refused_where_they_cannot_work(tmp_results):
+    for workers in (0, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be a positive int"):
+            ex.run_experiment("quick", TINY, workers=workers)
+    with pytest.raises(ValueError, match="without torchrun and with device 'cpu'"):
+        ex.run_experiment("quick", TINY, workers=2, device="cuda")
+
+
 def test_finished_runs_ignore_a_partial_file_of_another_run(tmp_results):
     plan = QUICK.plan(TINY)
     path = ex.cache_path(QUICK, TINY)
