@@ -60,8 +60,8 @@ def sweep_table(*results: ExperimentResult) -> pd.DataFrame:
 
     Added columns: ``experiment, backbone, method`` (the label before ``", N="``), ``scaling``
     and ``kappa`` (the method's name and base), ``N``, ``lr_scale``, ``lr``, ``sum_kappa2``
-    (:func:`sum_kappa2`) and ``fcd`` (the last Frechet distance measured in training, ``NaN``
-    without one or when the run diverged).
+    (:func:`sum_kappa2`), ``fcd`` (the last Frechet distance measured in training, ``NaN``
+    without one or when the run diverged) and ``wall_time_s`` (the run's training time).
     """
     import pandas as pd
 
@@ -78,7 +78,8 @@ def sweep_table(*results: ExperimentResult) -> pd.DataFrame:
                          "method": record["label"].split(", N=")[0], "scaling": run["method"],
                          "kappa": run["kappa"], "N": n, "lr_scale": run["lr_scale"], "lr": run["lr"],
                          "sum_kappa2": sum_kappa2(run["method"], run["kappa"], n),
-                         "fcd": fd[-1] if fd and record["diverged_at"] is None else math.nan})
+                         "fcd": fd[-1] if fd and record["diverged_at"] is None else math.nan,
+                         "wall_time_s": record["wall_time_s"]})
         frames.append(pd.concat([pd.DataFrame(rows), table.drop(columns="label")], axis=1))
     return pd.concat(frames, ignore_index=True)
 

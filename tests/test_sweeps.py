@@ -37,6 +37,7 @@ def test_sweep_table_reads_each_runs_setting(table):
     assert list(table.N[table.seed == 0]) == [1, 1, 1, 2, 2, 2]
     assert set(table.experiment) == {"tiny-sweep"} and set(table.lr_scale) == {1.0}
     assert table.fcd.notna().all() and (table.fcd > 0).all()  # the end-of-training Frechet distance
+    assert (table.wall_time_s > 0).all()
 
 
 def test_sum_kappa2_of_each_method_at_each_depth(table):
