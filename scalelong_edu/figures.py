@@ -225,7 +225,7 @@ def plot_sweep(
 def plot_stability_maps(stability: pd.DataFrame, ncols: int = 2) -> Figure:
     """One heat map per method of :func:`scalelong_edu.sweeps.stability_map`: learning-rate factor
     (rows) by number of long skips ``N`` (columns), coloured by the share of seeds whose training
-    broke down and annotated ``broken / runs``."""
+    was unstable and annotated ``unstable / runs``."""
     methods = list(dict.fromkeys(stability.method))
     nrows = -(-len(methods) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False,
@@ -233,7 +233,7 @@ def plot_stability_maps(stability: pd.DataFrame, ncols: int = 2) -> Figure:
     for ax, method in zip(axes.flat, methods):
         rows = stability[stability.method == method]
         share = rows.pivot(index="lr_scale", columns="N", values="share").sort_index(ascending=False)
-        text = (rows.broke.astype(str) + "/" + rows.runs.astype(str)).set_axis(rows.index)
+        text = rows.unstable.astype(str) + "/" + rows.runs.astype(str)
         notes = rows.assign(text=text).pivot(index="lr_scale", columns="N", values="text").loc[share.index]
         sns.heatmap(share, vmin=0, vmax=1, cmap="rocket_r", annot=notes, fmt="", cbar=False, ax=ax,
                     linewidths=0.5, linecolor="white")

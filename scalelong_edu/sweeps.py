@@ -8,8 +8,9 @@ setting as columns, so that a study is a ``groupby``:
 
 * :func:`summarize` gives mean and 95% interval over seeds of one column per setting, counting
   diverged runs instead of averaging them;
-* :func:`stability_map` gives, per method, the share of seeds whose training broke down (it
-  diverged, or it ended no better than predicting zero noise) at each learning rate and depth.
+* :func:`stability_map` gives, per method, the share of seeds whose training was unstable (it
+  diverged, it ended far from trained, or its hidden features oscillated far more than in
+  gentle training) at each learning rate and depth.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ BREAKDOWN_LOSS = 0.5
 """A final training loss at or above this counts as a breakdown. Predicting zero noise scores
 ``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
 while every gentle run of the book ends below 0.2."""
+OSC_FACTOR = 3.0
+"""A run whose feature oscillation is this many times the median of the gentle runs counts as
+unstable (:func:`oscillation_limit`), even when its loss is fine."""
 
 
 def n_skips(run: dict, preset: str) -> int:
@@ -129,38 +133,50 @@ def method_summary(table: pd.DataFrame, column: str, **where: object) -> MethodS
     return by_method(rows.assign(label=label), column)[label]
 
 
-def broke_down(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.Series:
-    """Per run of :func:`sweep_table`: True when it diverged or ended with a loss of at least ``limit``."""
-    return table.diverged_at.notna() | (table.loss >= limit)
+def oscillation_limit(table: pd.DataFrame, factor: float = OSC_FACTOR) -> float:
+    """``factor`` times the median feature oscillation of the gentle runs (``lr_scale == 1``) of
+    ``table``: an oscillation that much above ordinary training counts as unstable. ``NaN`` when
+    no gentle run has an oscillation (runs too short to measure one, as at the ``ci`` profile):
+    then no run counts as oscillating."""
+    gentle = table[(table.lr_scale == 1) & table.feature_osc.notna()]
+    return factor * float(gentle.feature_osc.median()) if len(gentle) else math.nan
 
 
-def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS) -> pd.DataFrame:
-    """The share of seeds that :func:`broke_down`, per ``method``, ``lr_scale`` and ``N``.
+def unstable(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: float | None = None) -> pd.Series:
+    """Per run of :func:`sweep_table`: True when it diverged, ended with a loss of at least
+    ``limit`` (it broke down), or, with ``osc_limit``, its feature oscillation reached it."""
+    out = table.diverged_at.notna() | (table.loss >= limit)
+    return out | (table.feature_osc >= osc_limit) if osc_limit is not None else out
 
-    Columns: ``method, lr_scale, N, broke, runs, share`` (``share = broke / runs``).
+
+def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: float | None = None) -> pd.DataFrame:
+    """The share of seeds that were :func:`unstable`, per ``method``, ``lr_scale`` and ``N``.
+
+    Columns: ``method, lr_scale, N, unstable, runs, share`` (``share = unstable / runs``).
     """
-    frame = table.assign(broke=broke_down(table, limit))
-    out = frame.groupby(["method", "lr_scale", "N"], sort=False).broke.agg(broke="sum", runs="size").reset_index()
-    return out.assign(broke=out.broke.astype(int), share=out.broke / out.runs)
+    frame = table.assign(unstable=unstable(table, limit, osc_limit))
+    out = frame.groupby(["method", "lr_scale", "N"], sort=False).unstable.agg(unstable="sum", runs="size")
+    out = out.reset_index()
+    return out.assign(unstable=out.unstable.astype(int), share=out.unstable / out.runs)
 
 
-def breakdown_verdict(stability: pd.DataFrame, method: str, baseline: str = "none") -> tuple[str, str]:
-    """Whether ``method`` breaks down less often than ``baseline`` over all settings of a
+def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "none") -> tuple[str, str]:
+    """Whether ``method`` is unstable less often than ``baseline`` over all settings of a
     :func:`stability_map`, by Fisher's exact test on the pooled counts (two-sided, 5%): the
     measured text and ``"reproduced"``, ``"contradicted"`` or ``"not at this scale"``."""
     from scipy.stats import fisher_exact
 
-    counts = stability.groupby("method")[["broke", "runs"]].sum()
+    counts = stability.groupby("method")[["unstable", "runs"]].sum()
     for name in (method, baseline):
         if name not in counts.index:
             raise KeyError(f"no method {name!r} in the map; it has {list(counts.index)}")
     (a, n), (b, m) = counts.loc[method], counts.loc[baseline]
     p = float(fisher_exact([[a, n - a], [b, m - b]]).pvalue)
-    text = f"{method}: {a} of {n} runs broke down, {baseline}: {b} of {m} (Fisher p = {p:.2g})"
+    text = f"{method}: {a} of {n} runs unstable, {baseline}: {b} of {m} (Fisher p = {p:.2g})"
     if p >= 0.05:
         return text, "not at this scale"
     return text, "reproduced" if a / n < b / m else "contradicted"
 
 
-__all__ = ["BREAKDOWN_LOSS", "breakdown_verdict", "broke_down", "method_summary", "n_skips", "select", "stability_map",
-           "summarize", "sum_kappa2", "sweep_table"]
+__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "oscillation_limit", "select", "stability_map",
+           "stability_verdict", "summarize", "sum_kappa2", "sweep_table", "unstable"]

@@ -208,10 +208,10 @@ def test_plot_sweep_one_errorbar_line_per_method_at_the_swept_values():
     assert all(line.get_xdata()[0] != 2 for line in lines)  # offset so that the error bars do not overlap
 
 
-def test_plot_stability_maps_one_heat_map_per_method_annotated_broken_over_runs():
+def test_plot_stability_maps_one_heat_map_per_method_annotated_unstable_over_runs():
     stability = pd.DataFrame({"method": ["none"] * 4 + ["CS"] * 4, "lr_scale": [1, 1, 16, 16] * 2,
-                              "N": [2, 4] * 4, "broke": [0, 0, 1, 2, 0, 0, 0, 2], "runs": [2] * 8})
-    stability["share"] = stability.broke / stability.runs
+                              "N": [2, 4] * 4, "unstable": [0, 0, 1, 2, 0, 0, 0, 2], "runs": [2] * 8})
+    stability["share"] = stability.unstable / stability.runs
     fig = plot_stability_maps(stability)
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in visible] == ["none", "CS"]

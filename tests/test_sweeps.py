@@ -65,12 +65,12 @@ def test_depth_overrides_refuse_an_odd_conv_unet():
 
 
 def frame(rows):
-    return pd.DataFrame(rows, columns=["method", "lr_scale", "N", "seed", "loss", "diverged_at"])
+    return pd.DataFrame(rows, columns=["method", "lr_scale", "N", "seed", "loss", "feature_osc", "diverged_at"])
 
 
 def test_summarize_gives_mean_interval_and_counts_divergences():
-    table = frame([("CS", 1, 2, 0, 0.1, None), ("CS", 1, 2, 1, 0.3, None), ("CS", 1, 2, 2, math.nan, 17),
-                   ("none", 1, 2, 0, 0.2, None)])
+    table = frame([("CS", 1, 2, 0, 0.1, 0, None), ("CS", 1, 2, 1, 0.3, 0, None), ("CS", 1, 2, 2, math.nan, 0, 17),
+                   ("none", 1, 2, 0, 0.2, 0, None)])
     out = sweeps.summarize(table, "loss", by=("method", "N")).set_index("method")
     assert out.loc["CS", "mean"] == pytest.approx(0.2) and out.loc["CS", "lo"] < 0.1 < 0.3 < out.loc["CS", "hi"]
     assert tuple(out.loc["CS", ["finished", "diverged", "runs"]]) == (2, 1, 3)
@@ -79,32 +79,45 @@ def test_summarize_gives_mean_interval_and_counts_divergences():
         sweeps.summarize(table, "fcd")
 
 
-def test_stability_map_counts_divergence_and_breakdown_per_setting():
-    table = frame([("CS", 16, 2, 0, 0.97, None), ("CS", 16, 2, 1, 0.09, None), ("CS", 16, 4, 0, math.nan, 40),
-                   ("CS", 16, 4, 1, 0.49, None), ("none", 16, 2, 0, 0.08, None), ("none", 16, 2, 1, 0.5, None)])
-    assert list(sweeps.broke_down(table)) == [True, False, True, False, False, True]
-    out = sweeps.stability_map(table)
-    assert list(out.columns) == ["method", "lr_scale", "N", "broke", "runs", "share"]
-    assert list(out.share) == [0.5, 0.5, 0.5] and list(out.runs) == [2, 2, 2]
-    assert list(sweeps.stability_map(table, limit=0.4).broke) == [1, 2, 1]
+MAP = [("CS", 16, 2, 0, 0.97, 0.1, None), ("CS", 16, 2, 1, 0.09, 0.1, None), ("CS", 16, 4, 0, math.nan, math.nan, 40),
+       ("CS", 16, 4, 1, 0.49, 0.1, None), ("none", 16, 2, 0, 0.08, 0.5, None), ("none", 16, 2, 1, 0.5, 0.1, None),
+       ("none", 1, 2, 0, 0.1, 0.1, None), ("none", 1, 2, 1, 0.1, 0.2, None)]
 
 
-def test_breakdown_verdict_pools_the_map_and_tests_it():
-    def stability(broke_cs, broke_none, runs=12):
+def test_unstable_runs_diverged_broke_down_or_oscillated_beyond_the_limit():
+    table = frame(MAP)
+    assert list(sweeps.unstable(table)) == [True, False, True, False, False, True, False, False]
+    assert sweeps.oscillation_limit(table) == pytest.approx(3 * 0.15)  # 3x the gentle runs' median
+    osc = sweeps.unstable(table, osc_limit=sweeps.oscillation_limit(table))
+    assert list(osc) == [True, False, True, False, True, True, False, False]
+    assert math.isnan(sweeps.oscillation_limit(table[table.lr_scale == 16]))  # nothing to set it from
+    assert list(sweeps.unstable(table, osc_limit=math.nan)) == list(sweeps.unstable(table))
+
+
+def test_stability_map_counts_unstable_runs_per_setting():
+    out = sweeps.stability_map(frame(MAP))
+    assert list(out.columns) == ["method", "lr_scale", "N", "unstable", "runs", "share"]
+    assert list(out.share) == [0.5, 0.5, 0.5, 0.0] and list(out.runs) == [2, 2, 2, 2]
+    assert list(sweeps.stability_map(frame(MAP), limit=0.4).unstable) == [1, 2, 1, 0]
+    assert list(sweeps.stability_map(frame(MAP), osc_limit=0.45).unstable) == [1, 1, 2, 0]
+
+
+def test_stability_verdict_pools_the_map_and_tests_it():
+    def stability(cs, none, runs=12):
         return pd.DataFrame({"method": ["CS", "none"], "lr_scale": [16, 16], "N": [8, 8],
-                             "broke": [broke_cs, broke_none], "runs": [runs, runs]})
+                             "unstable": [cs, none], "runs": [runs, runs]})
 
-    text, verdict = sweeps.breakdown_verdict(stability(0, 9), "CS")
-    assert verdict == "reproduced" and text.startswith("CS: 0 of 12 runs broke down, none: 9 of 12")
-    assert sweeps.breakdown_verdict(stability(9, 0), "CS")[1] == "contradicted"
-    assert sweeps.breakdown_verdict(stability(1, 2), "CS")[1] == "not at this scale"  # too few to tell
+    text, verdict = sweeps.stability_verdict(stability(0, 9), "CS")
+    assert verdict == "reproduced" and text.startswith("CS: 0 of 12 runs unstable, none: 9 of 12")
+    assert sweeps.stability_verdict(stability(9, 0), "CS")[1] == "contradicted"
+    assert sweeps.stability_verdict(stability(1, 2), "CS")[1] == "not at this scale"  # too few to tell
     with pytest.raises(KeyError, match="no method 'LS'"):
-        sweeps.breakdown_verdict(stability(0, 0), "LS")
+        sweeps.stability_verdict(stability(0, 0), "LS")
 
 
 def test_select_and_method_summary_of_one_setting():
-    table = frame([("CS", 1, 8, 0, 0.1, None), ("CS", 1, 8, 1, 0.3, None), ("CS", 1, 4, 0, 0.9, None),
-                   ("none", 1, 8, 0, 0.2, None), ("none", 1, 8, 1, 0.4, None)])
+    table = frame([("CS", 1, 8, 0, 0.1, 0, None), ("CS", 1, 8, 1, 0.3, 0, None), ("CS", 1, 4, 0, 0.9, 0, None),
+                   ("none", 1, 8, 0, 0.2, 0, None), ("none", 1, 8, 1, 0.4, 0, None)])
     assert list(sweeps.select(table, method="CS", N=8).loss) == [0.1, 0.3]
     cs = sweeps.method_summary(table, "loss", method="CS", N=8)
     assert cs.label == "CS" and cs.summary.mean == pytest.approx(0.2) and cs.runs == 2
