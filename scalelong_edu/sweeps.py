@@ -112,6 +112,19 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
     return pd.DataFrame(rows)
 
 
+def optimum(summary: pd.DataFrame, x: str) -> tuple[float, set[float]]:
+    """The setting ``x`` with the lowest mean in a :func:`summarize` frame, among the settings with
+    an interval, and every setting whose 95% interval overlaps the best one's (the best included):
+    the values the runs cannot tell from the best. Settings without an interval (fewer than two
+    finished runs) are in neither."""
+    ok = summary[summary.lo.notna()]
+    if ok.empty:
+        raise ValueError(f"no setting of {x!r} has an interval (each needs two finished runs)")
+    best = ok.loc[ok["mean"].idxmin()]
+    tied = ok[(ok.lo <= best.hi) & (ok.hi >= best.lo)]
+    return float(best[x]), {float(v) for v in tied[x]}
+
+
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
     """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``."""
     mask = np.ones(len(table), dtype=bool)
@@ -178,5 +191,5 @@ def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "non
     return text, "reproduced" if a / n < b / m else "contradicted"
 
 
-__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "oscillation_limit", "select", "stability_map",
+__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "select", "stability_map",
            "stability_verdict", "summarize", "sum_kappa2", "sweep_table", "unstable"]

@@ -127,3 +127,11 @@ def test_select_and_method_summary_of_one_setting():
         sweeps.method_summary(table, "loss", method="LS")
     with pytest.raises(KeyError, match="no column 'depth'"):
         sweeps.select(table, depth=8)
+
+
+def test_optimum_is_the_lowest_mean_with_an_interval_and_its_ties():
+    summary = pd.DataFrame({"kappa": [0.3, 0.5, 0.7, 0.9], "mean": [5.0, 1.0, 2.0, 0.5],
+                            "lo": [4.0, 0.5, 1.5, math.nan], "hi": [6.0, 1.6, 2.5, math.nan]})
+    assert sweeps.optimum(summary, "kappa") == (0.5, {0.5, 0.7})  # 0.9 has no interval: not a candidate
+    with pytest.raises(ValueError, match="no setting of 'kappa' has an interval"):
+        sweeps.optimum(summary.assign(lo=math.nan), "kappa")
