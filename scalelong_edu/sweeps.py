@@ -112,6 +112,36 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
     return pd.DataFrame(rows)
 
 
+def paired(table: pd.DataFrame, column: str, baseline: str = "none",
+           by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
+    """The difference ``method - baseline`` in ``column``, paired by seed, per setting ``by``.
+
+    Runs of one experiment with the same seed and setting start from the same weights and see the
+    same batches (the seed fixes both; LS's calibration networks are created after the backbone),
+    so most of what separates seeds cancels in the difference. Columns: ``by``, ``method``,
+    ``mean, lo, hi`` (95% interval over the pairs; ``NaN`` below two pairs) and ``pairs`` (the
+    seeds where both runs finished), for every method but the baseline.
+    """
+    import pandas as pd
+
+    keys = [*by, "seed"]
+    base = table[table.method == baseline][[*keys, column]].rename(columns={column: "base"})
+    if base.empty:
+        raise ValueError(f"no runs of the baseline {baseline!r}; methods: {list(dict.fromkeys(table.method))}")
+    pairs = table[table.method != baseline].merge(base, on=keys)
+    pairs = pairs.assign(diff=pairs[column] - pairs.base)
+    out = summarize(pairs, "diff", by=(*by, "method"))
+    return out.drop(columns=["diverged", "runs"]).rename(columns={"finished": "pairs"})
+
+
+def paired_verdict(row: pd.Series) -> str:
+    """Whether a :func:`paired` difference says "the method is below the baseline": ``"reproduced"``
+    when its interval lies below 0, ``"contradicted"`` above 0, else ``"not at this scale"``."""
+    if not row.hi < 0 and not row.lo > 0:  # overlaps 0, or no interval (NaN)
+        return "not at this scale"
+    return "reproduced" if row.hi < 0 else "contradicted"
+
+
 def optimum(summary: pd.DataFrame, x: str) -> tuple[float, set[float]]:
     """The setting ``x`` with the lowest mean in a :func:`summarize` frame, among the settings with
     an interval, and every setting whose 95% interval overlaps the best one's (the best included):
@@ -191,5 +221,5 @@ def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "non
     return text, "reproduced" if a / n < b / m else "contradicted"
 
 
-__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "select", "stability_map",
+__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired", "paired_verdict", "select", "stability_map",
            "stability_verdict", "summarize", "sum_kappa2", "sweep_table", "unstable"]

@@ -135,3 +135,18 @@ def test_optimum_is_the_lowest_mean_with_an_interval_and_its_ties():
     assert sweeps.optimum(summary, "kappa") == (0.5, {0.5, 0.7})  # 0.9 has no interval: not a candidate
     with pytest.raises(ValueError, match="no setting of 'kappa' has an interval"):
         sweeps.optimum(summary.assign(lo=math.nan), "kappa")
+
+
+def test_paired_differences_cancel_what_the_seeds_share():
+    table = pd.DataFrame({"N": [8] * 6, "method": ["none", "CS"] * 3, "seed": [0, 0, 1, 1, 2, 2],
+                          "loss": [0.30, 0.25, 0.10, 0.06, 0.50, 0.44], "diverged_at": [None] * 6})
+    out = sweeps.paired(table, "loss", by=("N",))
+    row = out.iloc[0]
+    assert list(out.columns) == ["N", "method", "mean", "lo", "hi", "pairs"] and row.method == "CS"
+    assert row["mean"] == pytest.approx(-0.05) and row.pairs == 3 and row.hi < 0  # seeds vary 5x more
+    assert sweeps.paired_verdict(row) == "reproduced"
+    assert sweeps.summarize(table, "loss", by=("method",)).set_index("method").loc["CS", "lo"] < 0  # unpaired: no
+    assert sweeps.paired_verdict(pd.Series({"lo": 0.01, "hi": 0.2})) == "contradicted"
+    assert sweeps.paired_verdict(pd.Series({"lo": math.nan, "hi": math.nan})) == "not at this scale"
+    with pytest.raises(ValueError, match="no runs of the baseline 'LS'"):
+        sweeps.paired(table, "loss", baseline="LS", by=("N",))
