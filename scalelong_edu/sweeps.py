@@ -112,25 +112,28 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
     return pd.DataFrame(rows)
 
 
-def paired(table: pd.DataFrame, column: str, baseline: str = "none",
-           by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
-    """The difference ``method - baseline`` in ``column``, paired by seed, per setting ``by``.
+def paired_differences(table: pd.DataFrame, column: str, baseline: str = "none",
+                       by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
+    """Per run of every method but ``baseline``: its ``column`` minus that of the baseline's run
+    with the same seed and setting ``by`` (the run's row of ``table`` with a ``diff`` column).
 
     Runs of one experiment with the same seed and setting start from the same weights and see the
     same batches (the seed fixes both; LS's calibration networks are created after the backbone),
-    so most of what separates seeds cancels in the difference. Columns: ``by``, ``method``,
-    ``mean, lo, hi`` (95% interval over the pairs; ``NaN`` below two pairs) and ``pairs`` (the
-    seeds where both runs finished), for every method but the baseline.
-    """
-    import pandas as pd
-
+    so most of what separates seeds cancels in the difference."""
     keys = [*by, "seed"]
     base = table[table.method == baseline][[*keys, column]].rename(columns={column: "base"})
     if base.empty:
         raise ValueError(f"no runs of the baseline {baseline!r}; methods: {list(dict.fromkeys(table.method))}")
     pairs = table[table.method != baseline].merge(base, on=keys)
-    pairs = pairs.assign(diff=pairs[column] - pairs.base)
-    out = summarize(pairs, "diff", by=(*by, "method"))
+    return pairs.assign(diff=pairs[column] - pairs.base).drop(columns="base")
+
+
+def paired(table: pd.DataFrame, column: str, baseline: str = "none",
+           by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
+    """:func:`paired_differences` summarised per setting ``by`` and method. Columns: ``by``,
+    ``method``, ``mean, lo, hi`` (95% interval over the pairs; ``NaN`` below two pairs) and
+    ``pairs`` (the seeds where both runs finished)."""
+    out = summarize(paired_differences(table, column, baseline, by), "diff", by=(*by, "method"))
     return out.drop(columns=["diverged", "runs"]).rename(columns={"finished": "pairs"})
 
 
@@ -221,5 +224,6 @@ def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "non
     return text, "reproduced" if a / n < b / m else "contradicted"
 
 
-__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired", "paired_verdict", "select", "stability_map",
-           "stability_verdict", "summarize", "sum_kappa2", "sweep_table", "unstable"]
+__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired",
+           "paired_differences", "paired_verdict", "select", "stability_map", "stability_verdict", "summarize",
+           "sum_kappa2", "sweep_table", "unstable"]

@@ -145,6 +145,8 @@ def test_paired_differences_cancel_what_the_seeds_share():
     assert list(out.columns) == ["N", "method", "mean", "lo", "hi", "pairs"] and row.method == "CS"
     assert row["mean"] == pytest.approx(-0.05) and row.pairs == 3 and row.hi < 0  # seeds vary 5x more
     assert sweeps.paired_verdict(row) == "reproduced"
+    diffs = sweeps.paired_differences(table, "loss", by=("N",))
+    assert list(diffs.seed) == [0, 1, 2] and list(diffs["diff"].round(2)) == [-0.05, -0.04, -0.06]
     assert sweeps.summarize(table, "loss", by=("method",)).set_index("method").loc["CS", "lo"] < 0  # unpaired: no
     assert sweeps.paired_verdict(pd.Series({"lo": 0.01, "hi": 0.2})) == "contradicted"
     assert sweeps.paired_verdict(pd.Series({"lo": math.nan, "hi": math.nan})) == "not at this scale"
