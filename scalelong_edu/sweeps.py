@@ -36,8 +36,8 @@ BREAKDOWN_LOSS = 0.5
 ``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
 while every gentle run of the book ends below 0.2."""
 OSC_FACTOR = 3.0
-"""A run whose feature oscillation is this many times the median of the gentle runs counts as
-unstable (:func:`oscillation_limit`), even when its loss is fine."""
+"""A run whose feature oscillation is this many times the median of the gentle runs of its depth
+counts as unstable (:func:`oscillation_limit`), even when its loss is fine."""
 
 
 def n_skips(run: dict, preset: str) -> int:
@@ -179,23 +179,29 @@ def method_summary(table: pd.DataFrame, column: str, **where: object) -> MethodS
     return by_method(rows.assign(label=label), column)[label]
 
 
-def oscillation_limit(table: pd.DataFrame, factor: float = OSC_FACTOR) -> float:
-    """``factor`` times the median feature oscillation of the gentle runs (``lr_scale == 1``) of
-    ``table``: an oscillation that much above ordinary training counts as unstable. ``NaN`` when
-    no gentle run has an oscillation (runs too short to measure one, as at the ``ci`` profile):
-    then no run counts as oscillating."""
+def oscillation_limit(table: pd.DataFrame, factor: float = OSC_FACTOR) -> pd.Series:
+    """Per depth ``N`` of ``table``: ``factor`` times the median feature oscillation of its gentle
+    runs (``lr_scale == 1``) at that depth. Oscillation grows with depth under every method
+    (chapter 8), so a run is compared with ordinary training of the same depth. ``NaN`` for a depth
+    without a gentle run that has an oscillation (runs too short to measure one, as at the ``ci``
+    profile): no run of that depth then counts as oscillating."""
     gentle = table[(table.lr_scale == 1) & table.feature_osc.notna()]
-    return factor * float(gentle.feature_osc.median()) if len(gentle) else math.nan
+    medians = gentle.groupby("N").feature_osc.median()
+    return (factor * medians).reindex(sorted(table.N.unique())).rename("osc_limit")
 
 
-def unstable(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: float | None = None) -> pd.Series:
+def unstable(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: pd.Series | None = None) -> pd.Series:
     """Per run of :func:`sweep_table`: True when it diverged, ended with a loss of at least
-    ``limit`` (it broke down), or, with ``osc_limit``, its feature oscillation reached it."""
+    ``limit`` (it broke down), or, with ``osc_limit`` (a limit per ``N``, :func:`oscillation_limit`),
+    its feature oscillation reached the limit of its depth."""
     out = table.diverged_at.notna() | (table.loss >= limit)
-    return out | (table.feature_osc >= osc_limit) if osc_limit is not None else out
+    if osc_limit is None:
+        return out
+    return out | (table.feature_osc >= table.N.map(osc_limit))
 
 
-def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: float | None = None) -> pd.DataFrame:
+def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS,
+                  osc_limit: pd.Series | None = None) -> pd.DataFrame:
     """The share of seeds that were :func:`unstable`, per ``method``, ``lr_scale`` and ``N``.
 
     Columns: ``method, lr_scale, N, unstable, runs, share`` (``share = unstable / runs``).

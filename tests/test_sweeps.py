@@ -84,14 +84,16 @@ MAP = [("CS", 16, 2, 0, 0.97, 0.1, None), ("CS", 16, 2, 1, 0.09, 0.1, None), ("C
        ("none", 1, 2, 0, 0.1, 0.1, None), ("none", 1, 2, 1, 0.1, 0.2, None)]
 
 
-def test_unstable_runs_diverged_broke_down_or_oscillated_beyond_the_limit():
-    table = frame(MAP)
-    assert list(sweeps.unstable(table)) == [True, False, True, False, False, True, False, False]
-    assert sweeps.oscillation_limit(table) == pytest.approx(3 * 0.15)  # 3x the gentle runs' median
-    osc = sweeps.unstable(table, osc_limit=sweeps.oscillation_limit(table))
-    assert list(osc) == [True, False, True, False, True, True, False, False]
-    assert math.isnan(sweeps.oscillation_limit(table[table.lr_scale == 16]))  # nothing to set it from
-    assert list(sweeps.unstable(table, osc_limit=math.nan)) == list(sweeps.unstable(table))
+def test_unstable_runs_diverged_broke_down_or_oscillated_beyond_their_depths_limit():
+    table = frame(MAP + [("none", 1, 4, 0, 0.1, 0.4, None), ("CS", 16, 4, 2, 0.1, 0.5, None)])
+    assert list(sweeps.unstable(table)) == [True, False, True, False, False, True, False, False, False, False]
+    limits = sweeps.oscillation_limit(table)
+    assert limits[2] == pytest.approx(3 * 0.15) and limits[4] == pytest.approx(3 * 0.4)  # per depth
+    osc = sweeps.unstable(table, osc_limit=limits)
+    assert list(osc) == [True, False, True, False, True, True, False, False, False, False]
+    assert math.isnan(sweeps.oscillation_limit(table[table.lr_scale == 16])[2])  # nothing to set it from
+    nan_limits = sweeps.oscillation_limit(table[table.lr_scale == 16])
+    assert list(sweeps.unstable(table, osc_limit=nan_limits)) == list(sweeps.unstable(table))
 
 
 def test_stability_map_counts_unstable_runs_per_setting():
@@ -99,7 +101,8 @@ def test_stability_map_counts_unstable_runs_per_setting():
     assert list(out.columns) == ["method", "lr_scale", "N", "unstable", "runs", "share"]
     assert list(out.share) == [0.5, 0.5, 0.5, 0.0] and list(out.runs) == [2, 2, 2, 2]
     assert list(sweeps.stability_map(frame(MAP), limit=0.4).unstable) == [1, 2, 1, 0]
-    assert list(sweeps.stability_map(frame(MAP), osc_limit=0.45).unstable) == [1, 1, 2, 0]
+    limits = sweeps.oscillation_limit(frame(MAP))
+    assert list(sweeps.stability_map(frame(MAP), osc_limit=limits).unstable) == [1, 1, 2, 0]
 
 
 def test_stability_verdict_pools_the_map_and_tests_it():
