@@ -215,7 +215,8 @@ def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS,
 def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "none") -> tuple[str, str]:
     """Whether ``method`` is unstable less often than ``baseline`` over all settings of a
     :func:`stability_map`, by Fisher's exact test on the pooled counts (two-sided, 5%): the
-    measured text and ``"reproduced"``, ``"contradicted"`` or ``"not at this scale"``."""
+    measured text (``"<method's>/<runs> vs <baseline's>/<runs> unstable, Fisher p = ..."``) and
+    ``"reproduced"``, ``"contradicted"`` or ``"not at this scale"``."""
     from scipy.stats import fisher_exact
 
     counts = stability.groupby("method")[["unstable", "runs"]].sum()
@@ -224,7 +225,7 @@ def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "non
             raise KeyError(f"no method {name!r} in the map; it has {list(counts.index)}")
     (a, n), (b, m) = counts.loc[method], counts.loc[baseline]
     p = float(fisher_exact([[a, n - a], [b, m - b]]).pvalue)
-    text = f"{method}: {a} of {n} runs unstable, {baseline}: {b} of {m} (Fisher p = {p:.2g})"
+    text = f"{a}/{n} vs {b}/{m} unstable, Fisher p = {p:.2g}"
     if p >= 0.05:
         return text, "not at this scale"
     return text, "reproduced" if a / n < b / m else "contradicted"

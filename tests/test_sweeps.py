@@ -111,7 +111,7 @@ def test_stability_verdict_pools_the_map_and_tests_it():
                              "unstable": [cs, none], "runs": [runs, runs]})
 
     text, verdict = sweeps.stability_verdict(stability(0, 9), "CS")
-    assert verdict == "reproduced" and text.startswith("CS: 0 of 12 runs unstable, none: 9 of 12")
+    assert verdict == "reproduced" and text.startswith("0/12 vs 9/12 unstable, Fisher p = ")
     assert sweeps.stability_verdict(stability(9, 0), "CS")[1] == "contradicted"
     assert sweeps.stability_verdict(stability(1, 2), "CS")[1] == "not at this scale"  # too few to tell
     with pytest.raises(KeyError, match="no method 'LS'"):
