@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
 from .stats import MeanSE, differ, mean_se, oscillation
-from .ledger import VERDICTS
+from .ledger import VERDICTS  # re-exported: chapters list the verdicts as ev.VERDICTS
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -433,6 +433,7 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(slope), math.exp(level), float(r2)
 
 
-__all__ = ["LATE", "SPIKE", "MethodSummary", "adam_table", "by_method", "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "geometric_fit",
-           "gradient_constants", "robustness_table", "run_table", "speedup", "speedup_verdict", "spread_by", "steps_to_reach",
-           "stress_scale", "trend", "verdict", "xt_norm_ratio"]
+__all__ = ["LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method", "confident_samples", "fd_curves",
+           "feature_constants", "feature_ranges", "features", "geometric_fit", "gradient_constants", "robustness_table",
+           "run_table", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trend", "verdict",
+           "xt_norm_ratio"]
