@@ -1,16 +1,20 @@
-"""From cached runs to evidence: the per-run numbers and per-method intervals the chapters show.
+"""From cached runs to evidence: one table of per-run endpoints, and paired tests on it.
 
-An :class:`~scalelong_edu.experiments.ExperimentResult` holds every run of every seed. The
-chapters compare methods in one way, the book's evidence protocol:
+An :class:`~scalelong_edu.experiments.ExperimentResult` holds every run of every seed. Every
+chapter goes from runs to verdicts the same way, the book's evidence protocol:
 
-1. reduce each run to a few numbers (:func:`run_table`): its final loss, how much its hidden
-   features and gradients oscillate late in training (:func:`scalelong_edu.stats.oscillation`
-   on the fixed-batch probes), its gradient spikes, whether it diverged;
-2. summarise each method over seeds as mean and 95% interval (:func:`by_method`), counting the
-   runs that diverged instead of dropping them;
-3. call a difference a difference only when the intervals do not overlap (:func:`verdict`),
-   and write each chapter's claims table from those verdicts (:class:`scalelong_edu.ledger.Claim`).
+1. reduce each run to its endpoints (:func:`run_table`: one row per run, its setting as columns):
+   its final loss, paper Fig. 1's statistics of its feature and gradient norms (level, growth,
+   peak, range, oscillation; :func:`trajectory`), its gradient spikes, its final FCD, whether it
+   broke down;
+2. test a claim on runs paired by seed (:func:`compare`; breakdowns as paired rates,
+   :func:`compare_breakdowns`) against a margin declared with the claim, with the procedure of
+   :mod:`scalelong_edu.stats`; the run is the unit, so skips or evaluation points are never
+   pooled as if independent;
+3. collect a chapter's tests into its claims table, Holm-corrected as one family
+   (:func:`scalelong_edu.ledger.publish`).
 
+:func:`by_method` summarises a method over seeds (mean and 95% interval) for figures and text.
 The bounds of Theorems 3.1 and 3.3 are compared with the probes through the "constant" each
 measurement implies (:func:`feature_constants`, :func:`gradient_constants`): a bound of the form
 ``C ||x_t||^2 S_i`` is tight only if that constant stays put.
@@ -27,8 +31,7 @@ import torch
 from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
-from .stats import MeanSE, differ, mean_se, oscillation
-from .ledger import VERDICTS  # re-exported: chapters list the verdicts as ev.VERDICTS
+from .stats import VERDICTS, MeanSE, PairedTest, RateTest, detrended, mean_se, oscillation, paired_rates, paired_test
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -70,31 +73,135 @@ def _late(frame: pd.DataFrame, last_step: int) -> pd.DataFrame:
     return frame[frame.step > (1 - LATE) * last_step]
 
 
-def run_table(result: ExperimentResult, window: int = 5) -> pd.DataFrame:
-    """One row per run: the numbers every comparison starts from.
+BREAKDOWN_LOSS = 0.5
+"""A final training loss at or above this counts as a breakdown. Predicting zero noise scores
+``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
+while every gentle run of the book ends below 0.36."""
+FIG1 = ("level", "growth", "peak", "range", "range_late", "detrended")
+"""The per-run statistics of a norm's trajectory (:func:`trajectory`), paper Fig. 1's quantities."""
 
-    Columns:
-        label, seed, diverged_at (step or ``None``);
+
+def trajectory(steps: Sequence[int], values: Sequence[float], regular: int, late: float = LATE) -> dict[str, float]:
+    """What paper Fig. 1 shows of one norm over training, as numbers.
+
+    ``values`` are measured at ``steps`` (sorted, starting at 0; dense early probes allowed);
+    ``regular`` is the evaluation spacing of the run, which the oscillation statistics use so
+    that every run is measured on the same grid. Returns ``level`` (the last value), ``growth``
+    (last / first), ``peak`` (the largest value), ``range`` (max - min over the run),
+    ``range_late`` (max - min over the last ``late`` of training), ``log_step``
+    (:func:`scalelong_edu.stats.oscillation` over the late part) and ``detrended``
+    (:func:`scalelong_edu.stats.detrended` over the late part; both ``NaN`` below 3 late points).
+    """
+    import numpy as np
+
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    last = steps.max()
+    late_all = values[steps > (1 - late) * last]
+    late_part = values[(steps > (1 - late) * last) & (steps % regular == 0)]
+    out = {"level": values[-1], "growth": values[-1] / values[0], "peak": values.max(),
+           "range": values.max() - values.min(), "range_late": np.ptp(late_all) if len(late_all) else math.nan}
+    if len(late_part) >= 3:
+        out |= {"log_step": oscillation(late_part, min(5, len(late_part))).log_step,
+                "detrended": detrended(late_part)}
+    else:  # runs too short to have a late part (the ci profile)
+        out |= {"log_step": math.nan, "detrended": math.nan}
+    return {k: float(v) for k, v in out.items()}
+
+
+def trajectories(result: ExperimentResult) -> pd.DataFrame:
+    """:func:`trajectory` of every fixed-batch series of every run that did not diverge: the
+    decoder outputs' squared norms ``||h_i||^2`` (``series="feature"``), the decoder blocks'
+    gradient norms (``"grad"``) and, where recorded, the network output's ``||f(x_t)||^2``
+    (``"output"``, ``skip`` 0). Columns: ``label, seed, series, skip`` and those of :func:`trajectory`.
+    """
+    import pandas as pd
+
+    probes = result.probes()
+    probes = probes[probes.probe.isin(["features", "grads", "fixed"])]
+    pick = {"feature": (probes.probe == "features") & (probes.block == "b") & (probes.quantity == "sq_norm"),
+            "grad": (probes.probe == "grads") & (probes.block == "b"),
+            "output": (probes.probe == "fixed") & (probes.quantity == "output_sq_norm")}
+    diverged = {(r["label"], r["run"]["seed"]) for r in result.runs if r["diverged_at"] is not None}
+    regular = result.spec["profile"]["eval_every"]
+    rows = []
+    for series, mask in pick.items():
+        frame = probes[mask].assign(skip=lambda f: f.skip.fillna(0))
+        for (label, seed, skip), g in frame.groupby(["label", "seed", "skip"], sort=False):
+            if (label, seed) not in diverged:
+                g = g.sort_values("step")
+                rows.append({"label": label, "seed": seed, "series": series, "skip": int(skip),
+                             **trajectory(g.step.to_numpy(), g.value.to_numpy(), regular)})
+    return pd.DataFrame(rows)
+
+
+def _geometric_mean_over_skips(paths: pd.DataFrame, series: str) -> pd.DataFrame:
+    import numpy as np
+
+    mine = paths[paths.series == series]
+    logs = np.log(mine[["label", "seed", *FIG1]].set_index(["label", "seed"]).clip(lower=1e-30))
+    means = np.exp(logs.groupby(level=[0, 1], sort=False).mean())
+    return means.rename(columns={c: f"{series}_{c}" for c in FIG1}).reset_index()
+
+
+def run_table(*results: ExperimentResult, window: int = 5) -> pd.DataFrame:
+    """One row per run of ``results`` (experiments, e.g. a comparison or chapter 8's sweeps): the
+    run's setting and every endpoint the book tests, so that a study is a ``groupby`` and a claim a
+    :func:`compare` of two methods.
+
+    Setting columns: ``experiment, label``, ``method`` (the label before ``", N="``),
+    ``backbone, scaling, kappa, N, lr_scale, lr, sum_kappa2`` (:func:`scalelong_edu.sweeps.sum_kappa2`),
+    ``seed, diverged_at`` (step or ``None``), ``broke_down`` (diverged, or a final ``loss`` of at
+    least :data:`BREAKDOWN_LOSS`), ``wall_time_s``.
+
+    Endpoints:
         loss: mean training-batch loss over the last 10% of steps;
-        fixed_loss: the fixed-batch loss at the last evaluation;
+        fixed_loss: the fixed-batch loss at the last evaluation (``ema_loss``: the EMA model's,
+            where recorded);
+        fcd: the last Frechet distance measured in training (``NaN`` without one);
         feature_osc: mean over skips of the oscillation (``log_step``) of the decoder feature
             norms ``||h_i||`` on the fixed batch, over the last :data:`LATE` of training;
         grad_osc: the same for the gradient norms of the decoder blocks ``b_i``;
         spikes: the share of late training steps whose (training-batch) gradient norm exceeds
-            :data:`SPIKE` times the run's late median.
-    Diverged runs get ``NaN`` in every number: they are counted, not summarised.
+            :data:`SPIKE` times the run's late median;
+        feature_<s>, grad_<s> for ``s`` in :data:`FIG1`: paper Fig. 1's statistics
+            (:func:`trajectory`) of ``||h_i||^2`` and of the decoder gradient norms, as the
+            geometric mean over the skips of the run (one number per run; ``feature_range`` is in
+            units of ``||h||^2``: divide by the fixed batch's ``||x_t||^2`` for the theorem's);
+        output_<s>: the same for the network output ``||f(x_t)||^2`` (runs that recorded it);
+        batch_osc: the late mean of the training batches' own step-to-step change of the decoder
+            norms (:class:`scalelong_edu.probes.BatchNorms`; runs that recorded it).
+    Diverged runs get ``NaN`` in every endpoint: they are counted (``broke_down``), not summarised.
     """
     import pandas as pd
+
+    frames = [_run_table(result, window) for result in results]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _run_table(result: ExperimentResult, window: int) -> pd.DataFrame:
+    import pandas as pd
+
+    from .sweeps import n_skips, sum_kappa2
 
     steps = result.spec["profile"]["steps"]
     probes = result.probes()
     feats = _late(features(result), steps)
     grads = _late(probes[(probes.probe == "grads") & (probes.block == "b")], steps)
     hist = result.history()
+    fixed_losses = probes[(probes.probe == "fixed") & (probes.quantity == "loss")]
+    ema_losses = probes[probes.probe == "fixed_ema"]
+    batch = _late(probes[(probes.probe == "batch") & (probes.block == "b") & (probes.quantity == "log_step")], steps)
     rows = []
     for record in result.runs:
-        label, seed = record["label"], record["run"]["seed"]
-        row = {"label": label, "seed": seed, "diverged_at": record["diverged_at"]}
+        run, label = record["run"], record["label"]
+        seed = run["seed"]
+        preset = result.spec["profile"][run["backbone"]]
+        n = n_skips(run, preset)
+        fd = record.get("fd", {}).get("fcd", [])
+        row = {"experiment": result.spec["experiment"]["name"], "label": label, "method": label.split(", N=")[0],
+               "backbone": run["backbone"], "scaling": run["method"], "kappa": run["kappa"], "N": n,
+               "lr_scale": run["lr_scale"], "lr": run["lr"], "sum_kappa2": sum_kappa2(run["method"], run["kappa"], n),
+               "seed": seed, "diverged_at": record["diverged_at"], "wall_time_s": record["wall_time_s"]}
         if record["diverged_at"] is None:
             mine = (feats.label == label) & (feats.seed == seed)
             row["feature_osc"] = _mean_osc(feats[mine], "norm", window)
@@ -104,11 +211,99 @@ def run_table(result: ExperimentResult, window: int = 5) -> pd.DataFrame:
             row["loss"] = h.loss.tail(max(1, len(h) // 10)).mean()
             late = _late(h, steps).grad_norm
             row["spikes"] = float((late > SPIKE * late.median()).mean())
-            fixed = probes[(probes.probe == "fixed") & (probes.label == label) & (probes.seed == seed)]
+            fixed = fixed_losses[(fixed_losses.label == label) & (fixed_losses.seed == seed)]
             row["fixed_loss"] = fixed.sort_values("step").value.iloc[-1]
+            ema = ema_losses[(ema_losses.label == label) & (ema_losses.seed == seed)]
+            if len(ema):
+                row["ema_loss"] = ema.sort_values("step").value.iloc[-1]
+            mine = batch[(batch.label == label) & (batch.seed == seed)]
+            if len(mine):
+                row["batch_osc"] = float(mine.value.mean())
+            if fd:
+                row["fcd"] = fd[-1]
         rows.append(row)
-    columns = ["label", "seed", "diverged_at", "loss", "fixed_loss", "feature_osc", "grad_osc", "spikes"]
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows)
+    paths = trajectories(result)
+    for series in ("feature", "grad", "output"):
+        if len(paths) and (paths.series == series).any():
+            table = table.merge(_geometric_mean_over_skips(paths, series), on=["label", "seed"], how="left")
+    table["broke_down"] = table.diverged_at.notna() | (table.get("loss", math.nan) >= BREAKDOWN_LOSS)
+    return table
+
+
+def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *, margin: float = 0.05,
+            direction: str = "less", log: bool = True, **where: object) -> PairedTest:
+    """Claim "``treatment`` moves ``column`` in ``direction`` relative to ``baseline``", tested on
+    the runs of :func:`run_table` paired by seed (:func:`scalelong_edu.stats.paired_test`).
+
+    ``where`` selects a setting (e.g. ``backbone="uvit", N=8``); within it, each method must have
+    exactly one run per seed, and both methods the same seeds. ``log=True`` (norms, losses,
+    oscillations, distances: positive quantities whose effects are multiplicative) tests
+    ``log(treatment / baseline)`` with margin ``log(1 + margin)``: ``margin=0.05`` declares that an
+    effect smaller than 5% of the baseline does not matter. ``log=False`` tests the difference
+    with ``margin`` in the column's units.
+
+    Raises:
+        ValueError: no such runs, a duplicated (setting, method, seed), unpaired seeds, or a
+            diverged or broken-down run in either arm (test those with :func:`compare_breakdowns`).
+    """
+    import numpy as np
+
+    rows = select(table, **where)
+    arms = {}
+    for method in (baseline, treatment):
+        mine = rows[rows.method == method]
+        if mine.empty:
+            raise ValueError(f"no runs of {method!r} with {where or 'any setting'}; methods: "
+                             f"{list(dict.fromkeys(rows.method))}")
+        if mine.seed.duplicated().any():
+            raise ValueError(f"{method!r} has several runs with the same seed at {where or 'this setting'}: a pair "
+                             "must be one run each; select one setting (e.g. N=..., lr_scale=...) or one experiment")
+        arms[method] = mine.set_index("seed")
+    if set(arms[baseline].index) != set(arms[treatment].index):
+        raise ValueError(f"{treatment!r} and {baseline!r} do not have the same seeds "
+                         f"({sorted(arms[treatment].index)} vs {sorted(arms[baseline].index)}): runs are paired by seed")
+    seeds = sorted(arms[baseline].index)
+    broken = [s for s in seeds if arms[baseline].broke_down[s] or arms[treatment].broke_down[s]]
+    if broken:
+        raise ValueError(f"seeds {broken} broke down or diverged under {baseline!r} or {treatment!r}: they are outcomes; "
+                         "test them with compare_breakdowns, and compare the rest only if the claim is about them")
+    base, treat = (arms[m].loc[seeds, column].to_numpy(dtype=float) for m in (baseline, treatment))
+    if log:
+        return paired_test(np.log(base), np.log(treat), math.log1p(margin), direction)
+    return paired_test(base, treat, margin, direction)
+
+
+def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "none", *, margin: float = 0.25,
+                       direction: str = "less", **where: object) -> RateTest:
+    """Claim "``treatment`` breaks down less often than ``baseline``" (``broke_down`` of
+    :func:`run_table`), on runs paired by seed and setting: an exact McNemar test
+    (:func:`scalelong_edu.stats.paired_rates`). ``where`` may span several settings (e.g. every
+    depth at a learning rate): each (setting, seed) is one pair."""
+    rows = select(table, **where)
+    keys = [c for c in ("experiment", "backbone", "N", "lr_scale", "seed") if c in rows.columns]
+    arms = [rows[rows.method == m].set_index(keys).broke_down for m in (baseline, treatment)]
+    for method, arm in zip((baseline, treatment), arms):
+        if arm.empty:
+            raise ValueError(f"no runs of {method!r} with {where}")
+        if arm.index.duplicated().any():
+            raise ValueError(f"{method!r} has duplicated runs for one setting and seed")
+    if set(arms[0].index) != set(arms[1].index):
+        raise ValueError(f"{treatment!r} and {baseline!r} were not run at the same settings and seeds")
+    order = sorted(arms[0].index)
+    return paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin, direction)
+
+
+def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
+    """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``."""
+    import numpy as np
+
+    mask = np.ones(len(table), dtype=bool)
+    for column, value in where.items():
+        if column not in table.columns:
+            raise KeyError(f"no column {column!r}; the run table has {list(table.columns)}")
+        mask &= (table[column] == value).to_numpy()
+    return table[mask]
 
 
 def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
@@ -175,15 +370,6 @@ def by_method(table: pd.DataFrame, column: str) -> dict[str, MethodSummary]:
     return out
 
 
-def verdict(lower: MethodSummary, higher: MethodSummary) -> str:
-    """Whether the prediction "``lower`` is below ``higher``" holds by the 95% intervals:
-    ``"reproduced"`` (intervals apart, in that order), ``"contradicted"`` (apart, the other way)
-    or ``"not at this scale"`` (they overlap, or a side has no interval)."""
-    if lower.summary is None or higher.summary is None or not differ(lower.summary, higher.summary):
-        return "not at this scale"
-    return "reproduced" if lower.summary.mean < higher.summary.mean else "contradicted"
-
-
 def feature_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     """The constant Theorem 3.1's bound would need at every probe: ``c = ||h_i||^2 / (||x_t||^2 S_i)``.
 
@@ -221,10 +407,12 @@ def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[
 
 
 def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
-    """Spearman's rank correlation of ``y`` with ``x``, its two-sided p-value, and the verdict
-    on the prediction "``y`` grows with ``x``" at the 5% level. Below 10 points the p-value
-    comes from permutations (exact up to 7 points), since the usual approximation claims
-    significance for a perfect ranking of three; a constant series is no evidence either way."""
+    """Spearman's rank correlation of ``y`` with ``x`` over *independent* units (one value per run),
+    its two-sided p-value, and the verdict on "``y`` grows with ``x``" at the 5% level:
+    ``"reproduced"``, ``"contradicted"`` or ``"undecided"``. Below 10 points the p-value comes from
+    permutations (exact up to 7 points), since the usual approximation claims significance for a
+    perfect ranking of three; a constant series is no evidence either way. Never pass values of
+    one run at several skips or steps: they are not independent."""
     import numpy as np
     from scipy.stats import permutation_test, spearmanr
 
@@ -237,7 +425,7 @@ def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
                                 n_resamples=math.inf if len(x) <= 7 else 9999, rng=0)
         p = float(test.pvalue)
     if not (math.isfinite(rho) and math.isfinite(p)) or p >= 0.05:  # constant or too few values: no evidence
-        return rho, p, "not at this scale"
+        return rho, p, "undecided"
     return rho, p, "reproduced" if rho > 0 else "contradicted"
 
 
@@ -247,7 +435,8 @@ def gradient_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     skip, grad_norm, loss, S, g``."""
     probes = result.probes()
     grads = probes[(probes.probe == "grads") & (probes.block == "b")][["label", "seed", "step", "skip", "value"]]
-    loss = probes[probes.probe == "fixed"][["label", "seed", "step", "value"]].rename(columns={"value": "loss"})
+    loss = probes[(probes.probe == "fixed") & (probes.quantity == "loss")][["label", "seed", "step", "value"]]
+    loss = loss.rename(columns={"value": "loss"})
     tails = features(result)[["label", "seed", "step", "skip", "S"]]
     frame = grads.rename(columns={"value": "grad_norm"}).merge(loss, on=["label", "seed", "step"])
     frame = frame.merge(tails, on=["label", "seed", "step", "skip"])
@@ -396,20 +585,23 @@ def speedup(result: ExperimentResult, baseline: str = "none") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def speedup_verdict(speed: pd.DataFrame, label: str) -> tuple[str, str]:
+def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tuple[str, PairedTest | None]:
     """What :func:`speedup` says about "``label`` trains faster than the baseline": the measured
-    text and the verdict. With every seed at the target, the 95% interval of the speed-up decides
-    against 1; a method slower on every seed is contradicted; a split decision is not decided."""
+    text and, when every seed reached the target, the paired test of the log steps each needed
+    (method against baseline, margin ``log(1 + margin)``; ``None`` otherwise: a seed that never
+    gets there has no step count to pair, so the claim stays undecided)."""
+    import numpy as np
+
     rows = speed[speed.label == label]
     if rows.empty:
         raise KeyError(f"no runs labelled {label!r}; labels: {list(dict.fromkeys(speed.label))}")
     reached, n = int(rows.reached.sum()), len(rows)
     if reached < n:
-        text = f"{reached} of {n} seeds reach the baseline's final FCD"
-        return text, "contradicted" if reached == 0 else "not at this scale"
-    summary = by_method(rows, "speedup")[label]
-    lo, hi = summary.summary.interval()
-    return f"speed-up {summary:.2f}", "reproduced" if lo > 1 else "contradicted" if hi < 1 else "not at this scale"
+        return f"{reached} of {n} seeds reach the baseline's final FCD", None
+    base_steps = rows.steps * rows.speedup  # the baseline's own steps to the same target, seed by seed
+    test = paired_test(np.log(base_steps), np.log(rows.steps), math.log1p(margin), "less")
+    lo, hi = (math.exp(-v) for v in test.ci[::-1])
+    return f"speed-up {math.exp(-test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {n}", test
 
 
 def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
@@ -433,7 +625,8 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(slope), math.exp(level), float(r2)
 
 
-__all__ = ["LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method", "confident_samples", "fd_curves",
-           "feature_constants", "feature_ranges", "features", "geometric_fit", "gradient_constants", "robustness_table",
-           "run_table", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trend", "verdict",
+__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method",
+           "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
+           "features", "geometric_fit", "gradient_constants", "robustness_table", "run_table", "select", "speedup",
+           "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories", "trajectory", "trend",
            "xt_norm_ratio"]

@@ -46,7 +46,7 @@ from .metrics import fcd, get_feature_classifier
 from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
 from .files import atomic_write, check_writable
 from .models import build_model, count_parameters
-from .probes import ProbeRecorder, lipschitz, probe_batch, robustness, to_frame
+from .probes import BatchNorms, ProbeRecorder, fixed_batch_loss, lipschitz, probe_batch, robustness, to_frame
 from .profiles import Profile, get_profile
 from .train import Callback, NonFiniteLossError, TrainConfig, Trainer, init_distributed, pick_device
 
@@ -94,12 +94,19 @@ class Experiment:
         schedule: ``"linear"`` or ``"cosine"`` (T = 1000).
         robustness_sigmas: sigma_delta values of the end-of-training robustness probe (Thm 3.4).
         adam_stats: record Adam's moments at every evaluation.
-        seeds: seeds per run; ``None`` takes the profile's ``seeds``.
+        seeds: seeds per run; ``None`` takes the profile's ``seeds`` (either way at most its
+            ``seed_cap``).
         step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
             has to find a setting can run shorter).
         fd_points: how many times, evenly spaced over training, to measure the EMA model's
             Frechet classifier distance on :data:`FD_SAMPLES` fresh samples (0: only the end grid).
         end_probes: measure robustness and Lipschitz factors at the end of each run.
+        fd_samples: samples per Frechet-distance evaluation.
+        early_probes: ``(every, until)``: the fixed-batch probes also every ``every`` steps up
+            to step ``until`` (the early surge of the norms; ``()``: only every ``eval_every``).
+        batch_norms: record the norms of every training batch's decoder blocks and output
+            (:class:`scalelong_edu.probes.BatchNorms`, summarised per ``eval_every`` steps).
+        ema_loss: record the EMA model's fixed-batch loss at every evaluation.
     """
 
     name: str
@@ -112,6 +119,10 @@ class Experiment:
     step_fraction: float = 1.0
     fd_points: int = 0
     end_probes: bool = True
+    fd_samples: int = 128
+    early_probes: tuple[int, int] | tuple[()] = ()
+    batch_norms: bool = False
+    ema_loss: bool = False
 
     def steps(self, profile: Profile) -> int:
         """Training steps of every run under ``profile``."""
@@ -121,6 +132,7 @@ class Experiment:
         """Every run to train, seed by seed (all runs of seed 0 first, so an interrupted
         experiment has every method at the same number of seeds), with its learning rate set."""
         seeds = self.seeds if self.seeds is not None else profile.seeds
+        seeds = min(seeds, profile.seed_cap or seeds)
         def lr(run: RunSpec) -> float:
             return run.lr if run.lr is not None else run.lr_scale * profile.learning_rate(run.backbone, run.regime)
 
@@ -133,17 +145,18 @@ class Experiment:
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
-        sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds")}
+        sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds", "seed_cap")}
         sizes["steps"] = self.steps(profile)
         return {"cache_version": CACHE_VERSION, "experiment": settings,
                 "runs": [asdict(run) for run in self.plan(profile)], "profile": sizes}
 
 
-LATER_SETTINGS = {"fd_points": 0, "end_probes": True}
-"""Settings added after results were cached: they enter the spec only when not at these defaults."""
 FD_SAMPLES = 128
-"""Samples per Frechet-distance evaluation during training: twice the classifier's 64 feature
-dimensions, so the sample covariance is not singular."""
+"""Samples per Frechet-distance evaluation during training unless an experiment sets more: twice
+the classifier's 64 feature dimensions, so the sample covariance is not singular."""
+LATER_SETTINGS = {"fd_points": 0, "end_probes": True, "fd_samples": FD_SAMPLES, "early_probes": (),
+                  "batch_norms": False, "ema_loss": False}
+"""Settings added after results were cached: they enter the spec only when not at these defaults."""
 
 
 BACKBONES = {"uvit": "U-ViT", "unet": "conv UNet"}
@@ -157,6 +170,15 @@ METHODS = (("none", "none", 1.0), ("1/sqrt(2)-CS", "sqrt2-cs", 1.0), ("CS (kappa
 SCALING_METHODS = (*METHODS[:2], *((f"CS (kappa={k:g})", "cs", k) for k in (0.3, 0.5, 0.7, 0.9)),
                    METHODS[3], ("LS per skip", "ls-per-skip", 1.0))
 """The methods of chapters 6-7: the comparison's, with CS on a grid of kappa and LS per skip."""
+
+
+MAIN = dict(fd_points=6, fd_samples=256, early_probes=(5, 300), batch_norms=True, ema_loss=True)
+"""The main comparisons' recordings: the Frechet distance on 256 samples six times (every 200
+steps of the ``cpu`` profile), the fixed-batch probes every 5 steps over the first 300 (the early
+surge of the norms), every training batch's norms, and the EMA model's fixed-batch loss."""
+MAIN_SEEDS = {"uvit": 16, "unet": 12}
+"""Seeds per method of the main comparisons: what a paired test needs for 80% power at the
+differences and paired spreads of the 3-seed pilot (``uvit-gentle``, ``unet-gentle``)."""
 
 
 DEPTHS = (2, 4, 6, 8)
@@ -193,6 +215,11 @@ EXPERIMENTS: dict[str, Experiment] = {
         *(Experiment(f"{b}-{regime}", f"{name}, {regime} regime: none vs 1/sqrt(2)-CS vs CS vs LS",
                      _methods(b, regime))
           for b, name in BACKBONES.items() for regime in REGIMES),
+        *(Experiment(f"main-{b}", f"{name}, gentle regime, {MAIN_SEEDS[b]} seeds: none vs 1/sqrt(2)-CS vs CS vs "
+                     "LS, with Fig. 1's recordings (dense early probes, every training batch's norms) and the "
+                     "Frechet distance over training (the comparison with the power to decide)",
+                     _methods(b, "gentle"), seeds=MAIN_SEEDS[b], **MAIN)
+          for b, name in BACKBONES.items()),
         *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
                      "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
           for b, name in BACKBONES.items()),
@@ -305,23 +332,35 @@ class ExperimentResult:
 
 
 class _ProbeEvery(Callback):
-    """The fixed-batch probes and Adam's moments every ``every`` steps, after the update."""
+    """After the update, every ``every`` steps: the fixed-batch probes, Adam's moments (``adam``)
+    and the EMA model's fixed-batch loss (``ema``); with ``early = (k, until)``, the fixed-batch
+    probes also every ``k`` steps up to step ``until``."""
 
-    def __init__(self, recorder: ProbeRecorder, every: int, batch: tuple, schedule, adam: bool):
-        self.recorder, self.every, self.batch, self.schedule, self.adam = recorder, every, batch, schedule, adam
+    def __init__(self, recorder: ProbeRecorder, every: int, batch: tuple, schedule, adam: bool,
+                 early: tuple[int, int] | tuple[()] = (), ema: bool = False):
+        self.recorder, self.regular, self.batch, self.schedule = recorder, every, batch, schedule
+        self.adam, self.early, self.ema = adam, tuple(early), ema
+        self.every = 1 if self.early else every  # the trainer calls us every step; we pick the due ones
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
+        regular = step % self.regular == 0
+        if not (regular or (self.early and step <= self.early[1] and step % self.early[0] == 0)):
+            return
         self.recorder.fixed_batch(step, self.batch, self.schedule)
-        if self.adam:
+        if regular and self.adam:
             self.recorder.after_step(step)
+        if regular and self.ema:
+            self.recorder.rows.append(fixed_batch_loss(trainer.ema, self.batch, self.schedule, step))
 
 
 class _FrechetAt(Callback):
     """The EMA model's Frechet classifier distance (:func:`scalelong_edu.metrics.fcd`) at given steps,
     on :data:`FD_SAMPLES` DDIM samples drawn from the same noise at every evaluation."""
 
-    def __init__(self, steps: set[int], profile: Profile, schedule: Schedule, reference: torch.Tensor, seed: int):
+    def __init__(self, steps: set[int], profile: Profile, schedule: Schedule, reference: torch.Tensor, seed: int,
+                 samples: int = FD_SAMPLES):
         self.steps, self.profile, self.schedule, self.reference, self.seed = steps, profile, schedule, reference, seed
+        self.samples = samples
         self.classifier = get_feature_classifier(profile.dataset, profile.image_size, progress=False)
         self.rows: dict[str, list] = {"step": [], "fcd": []}
 
@@ -329,7 +368,7 @@ class _FrechetAt(Callback):
         if step not in self.steps:
             return
         gen = torch.Generator(trainer.device).manual_seed(self.seed)
-        samples = ddim_sample(trainer.ema, self.schedule, (FD_SAMPLES, *self.reference.shape[1:]),
+        samples = ddim_sample(trainer.ema, self.schedule, (self.samples, *self.reference.shape[1:]),
                               steps=self.profile.sample_steps, device=trainer.device, generator=gen)
         self.rows["step"].append(step)
         self.rows["fcd"].append(float(f"{fcd(samples.cpu(), self.reference, self.classifier):.6g}"))
@@ -362,11 +401,17 @@ def train_run(
     batch = tuple(x.to(trainer.device) for x in fixed_batch(profile, schedule))
     recorder = ProbeRecorder(trainer.model, trainer.optimizer)
     recorder.fixed_batch(0, batch, schedule)
-    trainer.callbacks.append(_ProbeEvery(recorder, profile.eval_every, batch, schedule, experiment.adam_stats))
+    if experiment.ema_loss:
+        recorder.rows.append(fixed_batch_loss(trainer.ema, batch, schedule, 0))
+    trainer.callbacks.append(_ProbeEvery(recorder, profile.eval_every, batch, schedule, experiment.adam_stats,
+                                         experiment.early_probes, experiment.ema_loss))
+    if experiment.batch_norms:
+        batch_norms = BatchNorms(trainer.model, profile.eval_every)
+        trainer.callbacks.append(batch_norms)
     if experiment.fd_points:
         steps = {round(config.steps * k / experiment.fd_points) for k in range(1, experiment.fd_points + 1)}
         reference = load_dataset(profile.dataset, "test", image_size=profile.image_size).tensors()[0]
-        frechet = _FrechetAt(steps, profile, schedule, reference, run.seed)
+        frechet = _FrechetAt(steps, profile, schedule, reference, run.seed, experiment.fd_samples)
         trainer.callbacks.append(frechet)
 
     start, diverged_at = time.perf_counter(), None
@@ -390,6 +435,8 @@ def train_run(
         samples = ddim_sample(trainer.ema, schedule, (profile.n_samples, *images.shape[1:]),
                               steps=profile.sample_steps, device=trainer.device, generator=gen)
         record["samples"] = ((samples.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().tolist()
+    if experiment.batch_norms:
+        recorder.rows += batch_norms.summary()  # also the steps before a divergence
     record["probes"] = _columns(recorder.rows)
     return record
 

@@ -1,68 +1,122 @@
 """The reproduction ledger: every chapter's claims table, collected from the executed chapters.
 
-A chapter ends with :func:`publish`: it shows the claims table (paper claim, what we measured,
-verdict: one :class:`Claim` a line) and glues the same table under the name
-``claims_ch<N>``. The ledger page does not recompute anything: :func:`collect` reads the glued
-tables out of the executed notebooks, so it shows exactly what the chapters show, and a test
-compares the two.
+A chapter ends with :func:`publish`: it decides its claims as one family (Holm's correction over
+the claims that rest on a test, :func:`scalelong_edu.stats.holm`), shows the claims table (verdict
+first, then the paper's claim, what we measured, the margin declared with the claim, raw and
+adjusted p, and for an undecided claim the seeds that would decide it) and glues the same table
+under the name ``claims_ch<N>``. The ledger page does not recompute anything: :func:`collect`
+reads the glued tables out of the executed notebooks, so it shows exactly what the chapters show,
+and a test compares the two.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from .stats import VERDICTS, PairedTest, RateTest, holm
 
 if TYPE_CHECKING:
     import pandas as pd
     from pandas.io.formats.style import Styler
 
-VERDICTS = ("reproduced", "not at this scale", "contradicted")
-"""A claim is reproduced (our measurement agrees; for comparisons, the 95% intervals over seeds
-are apart in the claimed order), not decided at this scale, or contradicted."""
 GLUE_MIME = "application/papermill.record/text/html"
 NAME = re.compile(r"claims_ch(\d+)$")
+COLUMNS = ["verdict", "the paper claims", "we measured", "margin", "p (Holm)", "seeds to decide"]
+"""The claims table's columns, verdict first so that a phone reader sees it."""
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One line of a chapter's claims table: what the paper says, what we measured, the verdict."""
+    """One line of a chapter's claims table.
+
+    A claim that compares runs carries its ``test`` (:func:`scalelong_edu.stats.paired_test` or
+    :func:`~scalelong_edu.stats.paired_rates`, e.g. through :func:`scalelong_edu.evidence.compare`)
+    and its verdict comes from it, after :func:`publish` corrects the chapter's family. A claim
+    decided by a declared rule on a measurement (a bound, a range) or not testable here gives its
+    ``verdict`` instead (one of :data:`scalelong_edu.stats.VERDICTS`).
+
+    Attributes:
+        chapter, paper, measured: the chapter, the paper's claim, what we measured (text).
+        margin: the margin declared with the claim, as the reader should read it (e.g. ``"5%"``).
+    """
 
     chapter: int
     paper: str
     measured: str
-    verdict: str
+    verdict: str | None = None
+    test: PairedTest | RateTest | None = None
+    margin: str = ""
 
     def __post_init__(self):
-        if self.verdict not in VERDICTS:
+        if (self.verdict is None) == (self.test is None):
+            raise ValueError(f"claim {self.paper!r}: give a test or a verdict, not both or neither")
+        if self.test is None and self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+    @property
+    def decided(self) -> str:
+        """The verdict: the test's (after :func:`publish`'s correction), else the one given."""
+        return self.test.verdict if self.test is not None else self.verdict
+
+
+def _p_text(test: PairedTest | RateTest | None) -> str:
+    if test is None:
+        return ""
+    adjusted = f" ({test.p_holm:.2g})" if test.p_holm is not None else ""
+    return f"{test.p:.2g}{adjusted}"
+
+
+def _seeds_text(claim: Claim) -> str:
+    if claim.decided != "undecided" or claim.test is None:
+        return ""
+    return str(claim.test.seeds_needed) if claim.test.seeds_needed is not None else "more seeds"
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """The claims as the table a chapter ends with (columns: paper claims, we measured, verdict)."""
+    """The claims as the table a chapter ends with (:data:`COLUMNS`)."""
     import pandas as pd
 
-    return pd.DataFrame([(c.paper, c.measured, c.verdict) for c in claims],
-                        columns=["the paper claims", "we measured", "verdict"])
+    return pd.DataFrame([(c.decided, c.paper, c.measured, c.margin, _p_text(c.test), _seeds_text(c)) for c in claims],
+                        columns=COLUMNS)
+
+
+def decide(claims: list[Claim]) -> list[Claim]:
+    """The claims with the tests among them Holm-corrected as one family (the others unchanged)."""
+    tested = [i for i, c in enumerate(claims) if c.test is not None]
+    adjusted = holm([claims[i].test for i in tested])
+    out = list(claims)
+    for i, test in zip(tested, adjusted):
+        out[i] = replace(claims[i], test=test)
+    return out
 
 
 def publish(chapter: int, claims: list[Claim]) -> Styler:
-    """Glue chapter ``chapter``'s claims as ``claims_ch<chapter>`` (the full text, untruncated)
-    and return the table to display, without its index."""
+    """Decide chapter ``chapter``'s claims as one family (:func:`decide`), glue them as
+    ``claims_ch<chapter>`` (the full text, untruncated) and return the table to display, without
+    its index, the verdicts coloured."""
     import pandas as pd
 
     from .book import glue
 
     if any(c.chapter != chapter for c in claims):
         raise ValueError(f"every claim published by chapter {chapter} must carry chapter={chapter}")
-    table = claims_table(claims)
+    table = claims_table(decide(claims))
     with pd.option_context("display.max_colwidth", None, "display.max_rows", None):
         glue(f"claims_ch{chapter}", table, display=False)
-    return table.style.hide(axis="index")
+    return table.style.hide(axis="index").map(_verdict_style, subset=["verdict"])
+
+
+VERDICT_COLOURS = {"reproduced": "#1b7837", "contradicted": "#b2182b", "absent": "#2166ac", "undecided": "#6b6b6b",
+                   "not tested here": "#6b6b6b"}
+
+
+def _verdict_style(verdict: str) -> str:
+    return f"color: {VERDICT_COLOURS.get(verdict, 'inherit')}; font-weight: bold"
 
 
 class _TableParser(HTMLParser):
@@ -131,6 +185,8 @@ def read_claims(notebook: str | Path) -> pd.DataFrame:
         raise ValueError(f"{notebook} glues {len(found)} claims tables, not one: execute it, and end it "
                          "with scalelong_edu.ledger.publish(chapter, claims)")
     chapter, table = found[0]
+    if "verdict" not in table.columns:
+        raise ValueError(f"{notebook}: its claims table has no 'verdict' column: re-execute it")
     if not set(table["verdict"]) <= set(VERDICTS):
         raise ValueError(f"{notebook}: unknown verdicts {set(table['verdict']) - set(VERDICTS)}")
     return table.assign(chapter=chapter)[["chapter", *table.columns]]
@@ -147,12 +203,15 @@ def collect(notebooks: Sequence[str | Path]) -> pd.DataFrame:
 
 
 def tally(ledger: pd.DataFrame) -> pd.DataFrame:
-    """How many claims of each chapter got each verdict (one row per chapter, plus a total)."""
+    """How many claims of each chapter got each of the five verdicts, with the family size (the
+    claims Holm-corrected together: those with a p-value); one row per chapter, plus a total."""
     counts = ledger.groupby(["chapter", "verdict"]).size().unstack(fill_value=0)
     counts = counts.reindex(columns=list(VERDICTS), fill_value=0)
+    counts["family"] = (ledger["p (Holm)"] != "").groupby(ledger.chapter).sum() if "p (Holm)" in ledger else 0
     counts.loc["all"] = counts.sum()
     counts.columns.name = None
     return counts
 
 
-__all__ = ["VERDICTS", "Claim", "claims_table", "collect", "glued_table", "publish", "read_claims", "tally"]
+__all__ = ["COLUMNS", "VERDICTS", "Claim", "claims_table", "collect", "decide", "glued_table", "publish", "read_claims",
+           "tally"]

@@ -20,6 +20,8 @@ The probes, and what they measure:
   oscillate less when the skips are scaled?);
 * :func:`robustness` -- how much the prediction and the loss move when extra Gaussian noise is
   added to the network input (Theorem 3.4, Fig. 3c);
+* :class:`BatchNorms` -- the decoder-block and output norms of every *training* batch, from the
+  training forward pass itself (the oscillation across batches of the paper's Fig. 1);
 * :func:`lipschitz` -- the local Lipschitz factor of every block and of the whole network, by
   power iteration on Jacobian-vector products (:func:`jacobian_norm`; Theorem 3.4's ``M_0``).
 
@@ -56,6 +58,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .diffusion import Schedule, q_sample
+from .train import Callback
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -340,9 +343,11 @@ def probe_fixed_batch(
     """Feature norms, kappas, the loss and block gradient norms of ``model`` on one fixed batch.
 
     One forward and backward pass of Eq. (2) on ``batch`` (:func:`probe_batch`) in eval mode:
-    the rows of :class:`FeatureNorms`, a ``probe="fixed"``, ``quantity="loss"`` row, and the
-    rows of :func:`grad_norms` for the gradient of that loss. Gradients are cleared afterwards
-    (set to ``None``), so call it after ``optimizer.step()``, never between backward and step.
+    the rows of :class:`FeatureNorms`, ``probe="fixed"`` rows of the ``loss`` and of the output's
+    ``output_sq_norm`` (per-sample ``||f(x_t)||^2``, batch mean: the network output that Sec. 4.1
+    matches against ``||eps||^2``), and the rows of :func:`grad_norms` for the gradient of that loss.
+    Gradients are cleared afterwards (set to ``None``), so call it after ``optimizer.step()``, never
+    between backward and step.
     """
     x0, t, eps = batch
     with _eval_mode(model):
@@ -351,9 +356,23 @@ def probe_fixed_batch(
         loss = (pred.float() - eps.float()).square().mean()
         model.zero_grad(set_to_none=True)
         loss.backward()
-        rows = [*features.rows, _row(step, "fixed", "model", None, "loss", loss.item()), *grad_norms(model, step)]
+        out_sq = pred.detach().float().flatten(1).square().sum(1).mean().item()
+        rows = [*features.rows, _row(step, "fixed", "model", None, "loss", loss.item()),
+                _row(step, "fixed", "model", None, "output_sq_norm", out_sq), *grad_norms(model, step)]
         model.zero_grad(set_to_none=True)
     return rows
+
+
+@torch.no_grad()
+def fixed_batch_loss(model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], schedule: Schedule,
+                     step: int | None = None, probe: str = "fixed_ema") -> Row:
+    """The loss of Eq. (2) of ``model`` on the fixed batch (forward only, eval mode) as one row
+    (``probe``, ``block="model"``, ``quantity="loss"``): for the EMA model, which the trainer never
+    runs forward, so that its curve is as free of batch noise as the training model's."""
+    x0, t, eps = batch
+    with _eval_mode(model):
+        pred = model(q_sample(x0, t, schedule, eps), schedule.model_time(t))
+    return _row(step, probe, "model", None, "loss", (pred.float() - eps.float()).square().mean().item())
 
 
 def jacobian_norm(f: Callable[[Tensor], Tensor], x: Tensor, iters: int = 10, seed: int = 0) -> Tensor:
@@ -419,6 +438,74 @@ def lipschitz(model: nn.Module, x_t: Tensor, time: Tensor, iters: int = 10, seed
         norms = jacobian_norm(lambda z: model(z, time), x_t, iters, seed)
         rows.append(_row(step, "lipschitz", "model", None, "jacobian_norm", norms.mean().item()))
     return rows
+
+
+BATCH_QUANTITIES = ("mean", "min", "max", "log_step")
+"""What :class:`BatchNorms` keeps of each window of training steps, per block."""
+
+
+class BatchNorms(Callback):
+    """The norms of every training batch's decoder-block outputs ``h_i = b_i(...)`` and of the
+    network output, recorded from the training forward pass itself (a :class:`scalelong_edu.train.Callback`).
+
+    The fixed-batch probes show how the weights move; these show what the optimiser sees, step by
+    step: the norm of each batch's features mixes the weights' change with the draw of ``x_0``,
+    ``t`` and ``eps`` (the "oscillation across batches" of the paper's Fig. 1 and of the review).
+    Forward hooks live only during the step's forward pass; each step costs one vector norm per
+    block. To stay compact, the per-step norms (per-sample L2 norm, averaged over the batch) are
+    summarised over windows of ``window`` steps by :meth:`summary` (rows with ``probe="batch"``):
+    for each window (``step`` = its last step) and each block (``block="b"``, ``skip=i``; the
+    network output: ``block="output"``), the ``mean``, ``min`` and ``max`` of the norm and
+    ``log_step``, the mean ``|log n_{k+1} - log n_k|`` between consecutive steps of the window.
+
+    Args:
+        model: a :mod:`scalelong_edu.models` model (unwrapped from DDP), the trainer's.
+        window: steps per summary window (e.g. the profile's ``eval_every``).
+    """
+
+    every = 1
+
+    def __init__(self, model: nn.Module, window: int):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            raise ValueError(f"window must be an int >= 2 (steps per summary), got {window!r}")
+        self.blocks = [(block, i, m) for block, i, m in named_blocks(model) if block == "b"]
+        self.blocks.append(("output", None, model))
+        self.window = window
+        self.norms: dict[int, list[float]] = {}  # step -> one norm per block, in self.blocks' order
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._pending: dict[int, Tensor] = {}
+
+    def _hook(self, k: int, module: nn.Module, inputs: tuple, output: Tensor) -> None:
+        self._pending[k] = torch.linalg.vector_norm(output.detach().flatten(1), dim=1, dtype=torch.float32).mean()
+
+    def on_step_start(self, trainer, step: int) -> None:
+        self._handles = [m.register_forward_hook(partial(self._hook, k)) for k, (_, _, m) in enumerate(self.blocks)]
+
+    def on_backward_end(self, trainer, step: int) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if len(self._pending) == len(self.blocks):
+            self.norms[step] = torch.stack([self._pending[k] for k in range(len(self.blocks))]).tolist()
+        self._pending = {}
+
+    def summary(self) -> list[Row]:
+        """The windows' rows (see the class) of every step recorded so far."""
+        steps = sorted(self.norms)
+        if not steps:
+            return []
+        series = torch.tensor([self.norms[s] for s in steps], dtype=torch.float64)  # (steps, blocks)
+        windows = torch.tensor([(s - 1) // self.window for s in steps])
+        rows = []
+        for w in windows.unique().tolist():
+            mine = series[windows == w]
+            end = steps[int((windows == w).nonzero().max())]
+            logs = mine.clamp_min(1e-30).log()
+            log_step = logs.diff(dim=0).abs().mean(0) if len(mine) > 1 else torch.full((mine.shape[1],), math.nan)
+            stats = {"mean": mine.mean(0), "min": mine.amin(0), "max": mine.amax(0), "log_step": log_step}
+            for k, (block, i, _) in enumerate(self.blocks):
+                rows += [_row(end, "batch", block, i, q, stats[q][k].item()) for q in BATCH_QUANTITIES]
+        return rows
 
 
 def to_frame(rows: Iterable[Row]) -> pd.DataFrame:

@@ -46,6 +46,8 @@ class Profile:
         ema_decay: decay of the EMA model that samples are drawn from.
         n_samples: images drawn for sample grids and sample-quality metrics.
         sample_steps: DDIM steps when sampling.
+        seed_cap: the most seeds any experiment runs at this profile (``None``: no cap), so that
+            the ``ci`` profile runs the many-seed comparisons at its own size.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Profile:
     ema_decay: float
     n_samples: int
     sample_steps: int
+    seed_cap: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +86,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("ci", "digits8x8", 16, "unet-ci", "uvit-ci", batch_size=16, lr={"unet": 2e-4, "uvit": 2e-3},
                 stress_lr={"unet": 3.2e-3, "uvit": 1.6e-2}, seeds=2, steps=30, long_steps=30, warmup=5,
-                eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5),
+                eval_every=10, ema_decay=0.9, n_samples=16, sample_steps=5, seed_cap=2),
         Profile("cpu", "mnist5k", 16, "unet-s", "uvit-s", batch_size=64, lr={"unet": 2e-4, "uvit": 2e-3},
                 stress_lr={"unet": 3.2e-3, "uvit": 1.6e-2}, seeds=3, steps=1200, long_steps=6000, warmup=100,
                 eval_every=25, ema_decay=0.995, n_samples=64, sample_steps=50),

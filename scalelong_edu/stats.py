@@ -1,4 +1,4 @@
-"""Numbers with error bars: a measurement repeated over seeds, as mean ± standard error.
+"""Numbers with error bars, and the book's one procedure for deciding a claim from paired runs.
 
 A statistic of one random draw (64 samples, one training run) does not say how far another draw
 would move it. :func:`over_seeds` repeats a measurement under several seeds and :class:`MeanSE`
@@ -7,16 +7,21 @@ summarises the values; format it like a float to print both numbers::
     result = over_seeds(lambda seed: roughness(sample(seed)), seeds=range(5))
     print(f"roughness {result:.3f}")        # roughness 0.151 ± 0.002 (n = 5)
 
-The book's evidence protocol compares methods by 95% intervals over seeds
-(:meth:`MeanSE.interval`, :func:`differ`) and measures "how much a quantity oscillates during
-training" one way everywhere (:func:`oscillation`).
+Runs of two methods with the same seed start from the same weights and see the same batches, so
+the book compares methods *pair by pair* (:func:`paired_test`): the mean paired difference, its
+95% interval, a paired t-test with an exact Wilcoxon test beside it, and one of the
+:data:`VERDICTS` against a margin declared with the claim. A chapter's claims are one family,
+corrected with Holm's method (:func:`holm`). Breakdowns are outcomes, tested as paired rates
+(:func:`paired_rates`, an exact McNemar test). The tests are scipy's and statsmodels'; this
+module only fixes how they are used. :func:`oscillation` measures "how much a quantity
+oscillates during training" one way everywhere.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -77,17 +82,6 @@ def over_seeds(measure: Callable[[int], float], seeds: Iterable[int] = range(5))
     return mean_se(values)
 
 
-def differ(a: MeanSE, b: MeanSE, level: float = 0.95) -> bool:
-    """Whether two means differ by the book's rule: their ``level`` intervals do not overlap.
-
-    Stricter than a two-sample test at the same level (non-overlapping 95% intervals correspond
-    to p well below 0.05), which suits a textbook: a difference it reports is one a reader's
-    own seeds will reproduce.
-    """
-    (a_lo, a_hi), (b_lo, b_hi) = a.interval(level), b.interval(level)
-    return a_hi < b_lo or b_hi < a_lo
-
-
 @dataclass(frozen=True)
 class Oscillation:
     """How much a positive series (a norm over training) moves from one evaluation to the next.
@@ -128,4 +122,229 @@ def oscillation(series: Iterable[float], window: int = 5) -> Oscillation:
     return Oscillation(log.diff().abs().mean().item(), ratio.item(), window)
 
 
-__all__ = ["MeanSE", "Oscillation", "differ", "mean_se", "oscillation", "over_seeds"]
+
+def detrended(series: Iterable[float]) -> float:
+    """How much a positive series oscillates *around its trend*: the mean absolute residual of
+    ``log x_k`` around the least-squares line through them. Unlike :func:`oscillation`'s
+    ``log_step``, a steady rise or decay (geometric growth is a line in log) adds nothing; 0.1
+    means the series sits about 10% off its trend. Same input rules as :func:`oscillation`
+    (at least 3 values)."""
+    import numpy as np
+
+    x = np.asarray([float(v) for v in series])
+    if len(x) < 3:
+        raise ValueError(f"need at least 3 values to see an oscillation around a line, got {len(x)}")
+    if not (np.isfinite(x).all() and (x > 0).all()):
+        raise ValueError("values must be finite and > 0 (norms); count a diverged run instead of summarising it")
+    k, log = np.arange(len(x)), np.log(x)
+    slope, level = np.polyfit(k, log, 1)
+    return float(np.abs(log - (level + slope * k)).mean())
+
+
+VERDICTS = ("reproduced", "contradicted", "absent", "undecided", "not tested here")
+"""What a claim can come to. For a comparison (:func:`paired_test`): *reproduced*, the difference is
+significant (Holm-adjusted within its family) on the paper's side; *contradicted*, significant on
+the other side; *absent* (at this scale), the 95% interval lies inside the declared margin, so any
+effect is smaller than it; *undecided*, none of these (the test says how many seeds would decide
+it). *not tested here* is set by a chapter for a claim whose data this machine lacks."""
+ALPHA = 0.05
+"""The level of every test: two-sided 5%, 95% intervals."""
+POWER = 0.8
+"""The power :attr:`PairedTest.seeds_needed` sizes for."""
+DIRECTIONS = ("less", "greater")
+
+
+def _decide(significant: bool, on_claimed_side: bool, inside_margin: bool) -> str:
+    if significant:
+        return "reproduced" if on_claimed_side else "contradicted"
+    return "absent" if inside_margin else "undecided"
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A paired comparison of one endpoint, treatment against baseline, run by run.
+
+    Attributes:
+        estimate: the mean paired difference, treatment - baseline (in the units passed, e.g. a
+            log ratio for norms).
+        ci: its 95% interval (Student's t with ``n - 1`` degrees of freedom).
+        p: the two-sided paired t-test's p-value; ``p_exact`` the exact Wilcoxon signed-rank
+            test's beside it (a check that no outlier pair carries the t-test).
+        p_holm: ``p`` adjusted by :func:`holm` within the claim's family (``None`` before).
+        n: pairs; ``sd``: the standard deviation of the paired differences.
+        margin: the declared equivalence margin (same units); ``direction``: the paper's sign,
+            ``"less"`` (the treatment lowers the endpoint) or ``"greater"``.
+    Properties: ``seeds_needed``, the pairs that would decide the claim: those a paired t-test
+    needs for :data:`POWER` at a true difference of the larger of ``|estimate|`` and ``margin``,
+    given the observed ``sd`` (:func:`seeds_needed`): enough to detect the difference seen if it
+    is real, or, if it is smaller than the margin, to rule out one of the margin's size;
+    ``verdict``, one of the first four :data:`VERDICTS`, from ``p_holm`` when set, else ``p``.
+    """
+
+    estimate: float
+    ci: tuple[float, float]
+    p: float
+    p_exact: float
+    n: int
+    sd: float
+    margin: float
+    direction: str
+    p_holm: float | None = None
+
+    @property
+    def seeds_needed(self) -> int:
+        return seeds_needed(self.sd, max(abs(self.estimate), self.margin))
+
+    @property
+    def verdict(self) -> str:
+        p = self.p if self.p_holm is None else self.p_holm
+        claimed = self.estimate < 0 if self.direction == "less" else self.estimate > 0
+        inside = -self.margin < self.ci[0] and self.ci[1] < self.margin
+        return _decide(p < ALPHA, claimed, inside)
+
+
+def _pairs(baseline: Sequence[float], treatment: Sequence[float]):
+    import numpy as np
+
+    base, treat = np.asarray(baseline, dtype=float), np.asarray(treatment, dtype=float)
+    if base.ndim != 1 or base.shape != treat.shape:
+        raise ValueError(f"baseline and treatment must be two equal-length 1-d arrays paired by seed, got shapes "
+                         f"{base.shape} and {treat.shape}")
+    if len(base) < 2:
+        raise ValueError(f"a paired test needs at least 2 pairs (seeds), got {len(base)}")
+    if not (np.isfinite(base).all() and np.isfinite(treat).all()):
+        raise ValueError("values must be finite: a diverged or broken-down run is an outcome; count it and test "
+                         "the rates with paired_rates, don't drop it or average it")
+    return base, treat
+
+
+def _check(margin: float, direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS} (the paper's claimed sign), got {direction!r}")
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a finite number > 0, declared with the claim, got {margin!r}")
+
+
+def seeds_needed(sd: float, margin: float) -> int:
+    """Pairs (at least 2) a two-sided paired t-test at :data:`ALPHA` needs for :data:`POWER` against
+    a true mean difference of ``margin`` when the paired differences have standard deviation ``sd``
+    (the smallest ``n`` whose power, by statsmodels' ``TTestPower``, reaches it; found by bisection)."""
+    from statsmodels.stats.power import TTestPower
+
+    if sd <= 0:
+        return 2
+    power = TTestPower()
+
+    def enough(n: int) -> bool:
+        return power.power(effect_size=margin / sd, nobs=n, alpha=ALPHA, alternative="two-sided") >= POWER
+
+    lo, hi = 2, 2
+    while not enough(hi):
+        lo, hi = hi, hi * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
+
+
+def paired_test(baseline: Sequence[float], treatment: Sequence[float], margin: float,
+                direction: str = "less") -> PairedTest:
+    """Test one endpoint, treatment against baseline, on runs paired by seed (see :class:`PairedTest`).
+
+    ``baseline[k]`` and ``treatment[k]`` are the same seed's runs, already on the scale that is
+    tested (log for norms, ratios and Lipschitz factors); ``margin`` is in the same units.
+
+    Raises:
+        ValueError: unequal lengths, fewer than 2 pairs, a non-finite value, a bad margin or
+            direction.
+    """
+    import numpy as np
+    from scipy.stats import t as student, ttest_rel, wilcoxon
+
+    _check(margin, direction)
+    base, treat = _pairs(baseline, treatment)
+    diff = treat - base
+    n, mean, sd = len(diff), float(diff.mean()), float(diff.std(ddof=1))
+    if sd == 0:  # every pair moved by the same amount: no spread to test against
+        p = 1.0 if mean == 0 else 0.0
+        ci = (mean, mean)
+    else:
+        p = float(ttest_rel(treat, base).pvalue)
+        half = float(student.ppf(1 - ALPHA / 2, n - 1)) * sd / math.sqrt(n)
+        ci = (mean - half, mean + half)
+    p_exact = 1.0 if not np.any(diff) else float(wilcoxon(diff, zero_method="zsplit").pvalue)
+    return PairedTest(mean, ci, p, p_exact, n, sd, float(margin), direction)
+
+
+@dataclass(frozen=True)
+class RateTest:
+    """A paired comparison of a rate (e.g. of breakdowns), treatment against baseline.
+
+    Attributes:
+        events, n: per arm ``(baseline, treatment)``: runs with the event, and runs.
+        ci: per arm, the exact (Clopper-Pearson) 95% interval of the rate.
+        p: the exact McNemar test (a binomial test on the pairs that disagree), two-sided.
+        p_holm: ``p`` adjusted within the family (:func:`holm`), or ``None``.
+        margin: a rate the paper's effect would have to exceed to matter: *absent* when both
+            arms' upper bounds lie below it. ``direction``: ``"less"`` (the treatment has fewer
+            events) or ``"greater"``.
+        seeds_needed: not estimated for rates (``None``).
+    """
+
+    events: tuple[int, int]
+    n: int
+    ci: tuple[tuple[float, float], tuple[float, float]]
+    p: float
+    margin: float
+    direction: str
+    p_holm: float | None = None
+    seeds_needed: None = None
+
+    @property
+    def estimate(self) -> float:
+        """The difference of the rates, treatment - baseline."""
+        return (self.events[1] - self.events[0]) / self.n
+
+    @property
+    def verdict(self) -> str:
+        p = self.p if self.p_holm is None else self.p_holm
+        claimed = self.estimate < 0 if self.direction == "less" else self.estimate > 0
+        return _decide(p < ALPHA, claimed, max(self.ci[0][1], self.ci[1][1]) < self.margin)
+
+
+def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
+                 direction: str = "less") -> RateTest:
+    """Compare how often an event (a breakdown) happens, run by run: ``baseline[k]`` and
+    ``treatment[k]`` are the same seed's runs. The exact McNemar test (scipy's ``binomtest`` on the
+    discordant pairs) and exact intervals per arm (see :class:`RateTest`)."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    _check(margin, direction)
+    base, treat = (np.asarray(x) for x in (baseline, treatment))
+    if base.ndim != 1 or base.shape != treat.shape or len(base) < 1 or base.dtype != bool or treat.dtype != bool:
+        raise ValueError("baseline and treatment must be equal-length, non-empty arrays of bools (did the run "
+                         "break down?) paired by seed")
+    only_treat, only_base = int((treat & ~base).sum()), int((base & ~treat).sum())
+    discordant = only_treat + only_base
+    p = 1.0 if discordant == 0 else float(binomtest(only_treat, discordant, 0.5).pvalue)
+    events = (int(base.sum()), int(treat.sum()))
+    ci = tuple(tuple(float(v) for v in binomtest(k, len(base)).proportion_ci(method="exact")) for k in events)
+    return RateTest(events, len(base), ci, p, float(margin), direction)
+
+
+def holm(tests: Sequence[PairedTest | RateTest]) -> list[PairedTest | RateTest]:
+    """The tests of one pre-declared family with their ``p_holm`` set by Holm's step-down method
+    (statsmodels' ``multipletests``): the family's chance of any false "reproduced" or
+    "contradicted" stays at most :data:`ALPHA`."""
+    from statsmodels.stats.multitest import multipletests
+
+    if not tests:
+        return []
+    adjusted = multipletests([t.p for t in tests], alpha=ALPHA, method="holm")[1]
+    return [replace(t, p_holm=float(p)) for t, p in zip(tests, adjusted)]
+
+
+__all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "detrended", "holm",
+           "mean_se",
+           "oscillation", "over_seeds", "paired_rates", "paired_test", "seeds_needed"]

@@ -1,16 +1,18 @@
-"""Sweeps: one row per run over depth, kappa and learning rate, summaries and a stability map.
+"""Sweeps: the methods across depth, kappa and learning rate, summaries and a stability map.
 
 Chapter 8 asks how the methods behave as a setting changes: the number of long skips ``N``, the
 CS base ``kappa`` (or the block-output ``eta``), the learning rate. Its experiments
 (``depth-uvit``, ``depth-unet``, ``kappa-grid``, ``block-output``, ``stability-map``) label every run
-``"<method>, N=<n>[, lr x<k>]"``; :func:`sweep_table` turns any of them into one frame with the
-setting as columns, so that a study is a ``groupby``:
+``"<method>, N=<n>[, lr x<k>]"``; :func:`scalelong_edu.evidence.run_table` turns any of them into
+one frame with the setting as columns, so that a study is a ``groupby``:
 
 * :func:`summarize` gives mean and 95% interval over seeds of one column per setting, counting
   diverged runs instead of averaging them;
+* :func:`paired` tests every method against a baseline at every setting, paired by seed
+  (:func:`scalelong_edu.evidence.compare`);
 * :func:`stability_map` gives, per method, the share of seeds whose training was unstable (it
   diverged, it ended far from trained, or its hidden features oscillated far more than in
-  gentle training) at each learning rate and depth.
+  gentle training) at each learning rate and depth; :func:`stability_verdict` tests it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .evidence import MethodSummary, by_method, run_table
+from .evidence import BREAKDOWN_LOSS, MethodSummary, by_method, compare, select
 from .models import PRESETS
 from .scaling import path_factors
-from .stats import mean_se
+from .stats import RateTest, mean_se, paired_rates
 from .theory import sum_kappa_squared
 
 if TYPE_CHECKING:
@@ -31,10 +33,6 @@ if TYPE_CHECKING:
 
     from .experiments import ExperimentResult
 
-BREAKDOWN_LOSS = 0.5
-"""A final training loss at or above this counts as a breakdown. Predicting zero noise scores
-``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
-while every gentle run of chapter 8 (400 steps) ends below 0.36."""
 OSC_FACTOR = 3.0
 """A run whose feature oscillation is this many times the median of the gentle runs of its depth
 counts as unstable (:func:`oscillation_limit`), even when its loss is fine."""
@@ -58,38 +56,8 @@ def sum_kappa2(method: str, kappa: float, n: int) -> float:
     return sum_kappa_squared(path_factors(method, kappa, n)[:n])
 
 
-def sweep_table(*results: ExperimentResult) -> pd.DataFrame:
-    """One row per run of ``results``: :func:`scalelong_edu.evidence.run_table`'s numbers with
-    the run's setting and its final Frechet distance.
-
-    Added columns: ``experiment, backbone, method`` (the label before ``", N="``), ``scaling``
-    and ``kappa`` (the method's name and base), ``N``, ``lr_scale``, ``lr``, ``sum_kappa2``
-    (:func:`sum_kappa2`), ``fcd`` (the last Frechet distance measured in training, ``NaN``
-    without one or when the run diverged) and ``wall_time_s`` (the run's training time).
-    """
-    import pandas as pd
-
-    frames = []
-    for result in results:
-        table = run_table(result)
-        rows = []
-        for record in result.runs:
-            run = record["run"]
-            preset = result.spec["profile"][run["backbone"]]
-            n = n_skips(run, preset)
-            fd = record.get("fd", {}).get("fcd", [])
-            rows.append({"experiment": result.spec["experiment"]["name"], "backbone": run["backbone"],
-                         "method": record["label"].split(", N=")[0], "scaling": run["method"],
-                         "kappa": run["kappa"], "N": n, "lr_scale": run["lr_scale"], "lr": run["lr"],
-                         "sum_kappa2": sum_kappa2(run["method"], run["kappa"], n),
-                         "fcd": fd[-1] if fd and record["diverged_at"] is None else math.nan,
-                         "wall_time_s": record["wall_time_s"]})
-        frames.append(pd.concat([pd.DataFrame(rows), table.drop(columns="label")], axis=1))
-    return pd.concat(frames, ignore_index=True)
-
-
 def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone", "method", "N")) -> pd.DataFrame:
-    """Mean and 95% interval over seeds of ``column`` of :func:`sweep_table` for each setting ``by``.
+    """Mean and 95% interval over seeds of ``column`` of :func:`scalelong_edu.evidence.run_table` for each setting ``by``.
 
     Columns: ``by``, ``mean, lo, hi`` (``NaN`` when fewer than two runs finished), ``finished``,
     ``diverged`` and ``runs``. Settings keep the order in which they first appear.
@@ -115,12 +83,20 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
 def paired_differences(table: pd.DataFrame, column: str, baseline: str = "none",
                        by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
     """Per run of every method but ``baseline``: its ``column`` minus that of the baseline's run
-    with the same seed and setting ``by`` (the run's row of ``table`` with a ``diff`` column).
+    with the same seed and setting ``by`` (the run's row of ``table`` with a ``diff`` column), for
+    figures. Runs of one experiment with the same seed and setting start from the same weights and
+    see the same batches, so most of what separates seeds cancels in the difference.
 
-    Runs of one experiment with the same seed and setting start from the same weights and see the
-    same batches (the seed fixes both; LS's calibration networks are created after the backbone),
-    so most of what separates seeds cancels in the difference."""
+    Raises:
+        ValueError: a (setting, method, seed) with more than one run (e.g. two experiments that
+            share a setting in one table): a pair must be one run each.
+    """
     keys = [*by, "seed"]
+    duplicated = table.duplicated([*keys, "method"], keep=False)
+    if duplicated.any():
+        first = table[duplicated].iloc[0]
+        raise ValueError(f"{duplicated.sum()} runs share a (setting, method, seed), e.g. {first.method!r}, seed "
+                         f"{first.seed} at {dict(first[list(by)])}: select one experiment or add the setting to by")
     base = table[table.method == baseline][[*keys, column]].rename(columns={column: "base"})
     if base.empty:
         raise ValueError(f"no runs of the baseline {baseline!r}; methods: {list(dict.fromkeys(table.method))}")
@@ -128,21 +104,31 @@ def paired_differences(table: pd.DataFrame, column: str, baseline: str = "none",
     return pairs.assign(diff=pairs[column] - pairs.base).drop(columns="base")
 
 
-def paired(table: pd.DataFrame, column: str, baseline: str = "none",
-           by: Sequence[str] = ("backbone", "N")) -> pd.DataFrame:
-    """:func:`paired_differences` summarised per setting ``by`` and method. Columns: ``by``,
-    ``method``, ``mean, lo, hi`` (95% interval over the pairs; ``NaN`` below two pairs) and
-    ``pairs`` (the seeds where both runs finished)."""
-    out = summarize(paired_differences(table, column, baseline, by), "diff", by=(*by, "method"))
-    return out.drop(columns=["diverged", "runs"]).rename(columns={"finished": "pairs"})
+def paired(table: pd.DataFrame, column: str, baseline: str = "none", by: Sequence[str] = ("backbone", "N"),
+           margin: float = 0.05, direction: str = "less", log: bool = True) -> pd.DataFrame:
+    """Every method against ``baseline`` at every setting ``by``, paired by seed
+    (:func:`scalelong_edu.evidence.compare` with ``margin``, ``direction`` and ``log``).
 
+    Columns: ``by``, ``method``, ``estimate``, ``lo``, ``hi`` (the method's value over the
+    baseline's, a ratio with ``log=True``, else the difference, with its 95% interval), ``p``,
+    ``pairs``, ``verdict`` (before any family correction) and ``test`` (the
+    :class:`scalelong_edu.stats.PairedTest`, for :func:`scalelong_edu.ledger.publish`).
+    """
+    import pandas as pd
 
-def paired_verdict(row: pd.Series) -> str:
-    """Whether a :func:`paired` difference says "the method is below the baseline": ``"reproduced"``
-    when its interval lies below 0, ``"contradicted"`` above 0, else ``"not at this scale"``."""
-    if not row.hi < 0 and not row.lo > 0:  # overlaps 0, or no interval (NaN)
-        return "not at this scale"
-    return "reproduced" if row.hi < 0 else "contradicted"
+    rows = []
+    for key, group in table.groupby(list(by), sort=False):
+        where = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        for method in dict.fromkeys(group.method):
+            if method == baseline:
+                continue
+            test = compare(group, column, method, baseline, margin=margin, direction=direction, log=log)
+            estimate, (lo, hi) = test.estimate, test.ci
+            if log:
+                estimate, lo, hi = math.exp(estimate), math.exp(lo), math.exp(hi)
+            rows.append({**where, "method": method, "estimate": estimate, "lo": lo, "hi": hi, "p": test.p,
+                         "pairs": test.n, "verdict": test.verdict, "test": test})
+    return pd.DataFrame(rows)
 
 
 def optimum(summary: pd.DataFrame, x: str) -> tuple[float, set[float]]:
@@ -158,20 +144,9 @@ def optimum(summary: pd.DataFrame, x: str) -> tuple[float, set[float]]:
     return float(best[x]), {float(v) for v in tied[x]}
 
 
-def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
-    """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``."""
-    mask = np.ones(len(table), dtype=bool)
-    for column, value in where.items():
-        if column not in table.columns:
-            raise KeyError(f"no column {column!r}; the sweep table has {list(table.columns)}")
-        mask &= (table[column] == value).to_numpy()
-    return table[mask]
-
-
 def method_summary(table: pd.DataFrame, column: str, **where: object) -> MethodSummary:
-    """``column`` over the runs of one setting (:func:`select`), summarised as in the comparisons
-    of chapters 3-7 (:func:`scalelong_edu.evidence.by_method`), so that
-    :func:`scalelong_edu.evidence.verdict` can compare two settings."""
+    """``column`` over the runs of one setting (:func:`select`), summarised as in chapters 3-7
+    (:func:`scalelong_edu.evidence.by_method`): mean and 95% interval, for figures and text."""
     rows = select(table, **where)
     if rows.empty:
         raise ValueError(f"no runs with {where}")
@@ -191,7 +166,7 @@ def oscillation_limit(table: pd.DataFrame, factor: float = OSC_FACTOR) -> pd.Ser
 
 
 def unstable(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: pd.Series | None = None) -> pd.Series:
-    """Per run of :func:`sweep_table`: True when it diverged, ended with a loss of at least
+    """Per run of :func:`scalelong_edu.evidence.run_table`: True when it diverged, ended with a loss of at least
     ``limit`` (it broke down), or, with ``osc_limit`` (a limit per ``N``, :func:`oscillation_limit`),
     its feature oscillation reached the limit of its depth."""
     out = table.diverged_at.notna() | (table.loss >= limit)
@@ -212,25 +187,31 @@ def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS,
     return out.assign(unstable=out.unstable.astype(int), share=out.unstable / out.runs)
 
 
-def stability_verdict(stability: pd.DataFrame, method: str, baseline: str = "none") -> tuple[str, str]:
-    """Whether ``method`` is unstable less often than ``baseline`` over all settings of a
-    :func:`stability_map`, by Fisher's exact test on the pooled counts (two-sided, 5%): the
-    measured text (``"<method's>/<runs> vs <baseline's>/<runs> unstable, Fisher p = ..."``) and
-    ``"reproduced"``, ``"contradicted"`` or ``"not at this scale"``."""
-    from scipy.stats import fisher_exact
+def stability_verdict(table: pd.DataFrame, method: str, baseline: str = "none", limit: float = BREAKDOWN_LOSS,
+                      osc_limit: pd.Series | None = None, margin: float = 0.25) -> tuple[str, RateTest]:
+    """Whether ``method`` is :func:`unstable` less often than ``baseline`` over the runs of
+    ``table``, each (depth, learning rate, seed) one pair: the exact McNemar test of
+    :func:`scalelong_edu.stats.paired_rates` (a rate above ``margin`` would matter). Returns the
+    measured text (``"<method's>/<runs> vs <baseline's>/<runs> unstable, McNemar p = ..."``) and
+    the test."""
+    frame = table.assign(unstable=unstable(table, limit, osc_limit))
+    keys = ["N", "lr_scale", "seed"]
+    arms = []
+    for name in (baseline, method):
+        arm = frame[frame.method == name]
+        if arm.empty:
+            raise KeyError(f"no method {name!r} in the table; it has {list(dict.fromkeys(frame.method))}")
+        if arm.duplicated(keys).any():
+            raise ValueError(f"{name!r} has several runs for one (N, lr_scale, seed): select one experiment")
+        arms.append(arm.set_index(keys).unstable)
+    if set(arms[0].index) != set(arms[1].index):
+        raise ValueError(f"{method!r} and {baseline!r} were not run at the same settings and seeds")
+    order = sorted(arms[0].index)
+    test = paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin)
+    (b, a), n = test.events, test.n
+    return f"{a}/{n} vs {b}/{n} unstable, McNemar p = {test.p:.2g}", test
 
-    counts = stability.groupby("method")[["unstable", "runs"]].sum()
-    for name in (method, baseline):
-        if name not in counts.index:
-            raise KeyError(f"no method {name!r} in the map; it has {list(counts.index)}")
-    (a, n), (b, m) = counts.loc[method], counts.loc[baseline]
-    p = float(fisher_exact([[a, n - a], [b, m - b]]).pvalue)
-    text = f"{a}/{n} vs {b}/{m} unstable, Fisher p = {p:.2g}"
-    if p >= 0.05:
-        return text, "not at this scale"
-    return text, "reproduced" if a / n < b / m else "contradicted"
 
-
-__all__ = ["BREAKDOWN_LOSS", "OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired",
-           "paired_differences", "paired_verdict", "select", "stability_map", "stability_verdict", "summarize",
-           "sum_kappa2", "sweep_table", "unstable"]
+__all__ = ["OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired",
+           "paired_differences", "select", "stability_map", "stability_verdict", "summarize",
+           "sum_kappa2", "unstable"]

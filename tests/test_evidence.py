@@ -20,16 +20,17 @@ from scalelong_edu.evidence import (
     features,
     gradient_constants,
     robustness_table,
+    compare,
+    compare_breakdowns,
     run_table,
+    trajectory,
     spread_by,
     trend,
-    verdict,
     xt_norm_ratio,
 )
 from scalelong_edu.experiments import ExperimentResult
-from scalelong_edu.ledger import VERDICTS
 from scalelong_edu.probes import COLUMNS
-from scalelong_edu.stats import mean_se, oscillation
+from scalelong_edu.stats import mean_se, oscillation, paired_test
 from scalelong_edu.theory import robustness_factor
 
 LN2 = math.log(2)
@@ -62,13 +63,16 @@ def grad_rows(step, grads_b, model=50.0):
 def record(label, seed, rows, history=None, diverged_at=None):
     """A run record as experiments.train_run writes it, from probe rows and a {column: list} history."""
     history = history or {"step": [1, 2], "loss": [1.0, 1.0], "grad_norm": [1.0, 1.0], "lr": [1e-3, 1e-3]}
-    return {"label": label, "run": {"label": label, "seed": seed}, "parameters": 10, "diverged_at": diverged_at,
+    run = {"label": label, "seed": seed, "backbone": "uvit", "method": "none", "kappa": 0.5, "lr_scale": 1.0,
+           "lr": 1e-3, "model_overrides": []}
+    return {"label": label, "run": run, "parameters": 10, "diverged_at": diverged_at,
             "wall_time_s": 1.0, "history": history,
             "probes": {c: [r[c] for r in rows] for c in COLUMNS}, "samples": None if diverged_at else []}
 
 
-def result(runs, steps):
-    return ExperimentResult(spec={"profile": {"steps": steps}}, provenance={}, runs=runs)
+def result(runs, steps, eval_every=4):
+    spec = {"experiment": {"name": "test"}, "profile": {"steps": steps, "eval_every": eval_every, "uvit": "uvit-ci"}}
+    return ExperimentResult(spec=spec, provenance={}, runs=runs)
 
 
 def pd_isna(value):
@@ -130,9 +134,13 @@ def _diverged(label, seed):
 
 def test_run_table_reduces_each_run_to_its_numbers():
     table = run_table(result([_finished("none", 0), _finished("none", 1, scale=3.0), _diverged("CS", 0)], 20))
-    assert list(table.columns) == ["label", "seed", "diverged_at", "loss", "fixed_loss", "feature_osc", "grad_osc",
-                                   "spikes"]
+    settings = ["experiment", "label", "method", "backbone", "scaling", "kappa", "N", "lr_scale", "lr", "sum_kappa2",
+                "seed", "diverged_at", "wall_time_s"]
+    endpoints = ["loss", "fixed_loss", "feature_osc", "grad_osc", "spikes",
+                 *(f"{s}_{q}" for s in ("feature", "grad") for q in evidence.FIG1), "broke_down"]
+    assert set(settings + endpoints) <= set(table.columns) and list(table.columns[:len(settings)]) == settings
     assert table.label.tolist() == ["none", "none", "CS"] and table.seed.tolist() == [0, 1, 0]
+    assert table.broke_down.tolist() == [False, False, True] and table.experiment[0] == "test"
     first = table.iloc[0]
     assert first.feature_osc == pytest.approx(1.5 * LN2)  # mean of ln 2 and ln 4 over the two skips
     assert first.feature_osc == pytest.approx((oscillation([1, 2, 1], 3).log_step
@@ -143,20 +151,29 @@ def test_run_table_reduces_each_run_to_its_numbers():
     assert first.fixed_loss == pytest.approx(0.3)  # the fixed-batch loss at step 20
     assert pd_isna(first.diverged_at)
     assert table.iloc[1].feature_osc == pytest.approx(1.5 * LN2)  # the oscillation does not depend on scale
+    # Fig. 1's statistics of ||h_i||^2, geometric means over the two skips (see _finished):
+    # skip 1: 2500, 62500, 202500, 1, 4, 1; skip 2: 1e-4 (three times), 1, 16, 1
+    assert first.feature_level == pytest.approx(1.0) and first.feature_growth == pytest.approx(2.0)
+    assert first.feature_peak == pytest.approx(math.sqrt(202500 * 16))
+    assert first.feature_range_late == pytest.approx(math.sqrt(3 * 15))
+    # late 1, 4, 1 (and 1, 16, 1) around their flat least-squares line: mean |residual| 4/9 ln 4 (and 4/9 ln 16)
+    assert first.feature_detrended == pytest.approx(4 / 9 * math.sqrt(math.log(4) * math.log(16)))
+    assert table.iloc[1].feature_level == pytest.approx(9.0)  # norms 3x: squared norms 9x
 
 
 def test_run_table_gives_a_diverged_run_nan_and_keeps_its_step():
     table = run_table(result([_finished("none", 0), _diverged("CS", 0)], 20))
     diverged = table.iloc[1]
     assert diverged.diverged_at == 7
-    for column in ("loss", "fixed_loss", "feature_osc", "grad_osc", "spikes"):
+    for column in ("loss", "fixed_loss", "feature_osc", "grad_osc", "spikes", "feature_level", "grad_peak"):
         assert math.isnan(diverged[column]), column
+    assert diverged.broke_down
 
 
 def test_run_table_of_a_run_too_short_for_two_late_probes_has_nan_oscillation():
     rows = feature_rows(0, [1.0], [1.0]) + grad_rows(0, [1.0]) + feature_rows(10, [2.0], [1.0]) + grad_rows(10, [2.0])
     rows += [row(0, "fixed", "model", None, "loss", 1.0), row(10, "fixed", "model", None, "loss", 0.7)]
-    table = run_table(result([record("none", 0, rows, history([0.5] * 10, [1.0] * 10))], 10))
+    table = run_table(result([record("none", 0, rows, history([0.5] * 10, [1.0] * 10))], 10, eval_every=10))
     assert math.isnan(table.feature_osc[0]) and math.isnan(table.grad_osc[0])
     assert table.loss[0] == 0.5 and table.fixed_loss[0] == 0.7 and table.spikes[0] == 0.0
 
@@ -207,16 +224,66 @@ def test_by_method_rejects_an_unknown_column():
         by_method(_table([("LS", 0, None, 1.0)]), "fid")
 
 
-def test_verdict_by_intervals():
-    low = MethodSummary("CS", mean_se([1.0, 1.1, 0.9]), 0, 3)
-    high = MethodSummary("none", mean_se([5.0, 5.1, 4.9]), 0, 3)
-    wide = MethodSummary("LS", mean_se([1.0, 3.0, 5.0]), 0, 3)
-    none = MethodSummary("X", None, 2, 3)
-    assert verdict(low, high) == "reproduced"
-    assert verdict(high, low) == "contradicted"
-    assert verdict(low, wide) == "not at this scale"  # overlapping intervals
-    assert verdict(low, none) == verdict(none, high) == "not at this scale"
-    assert {verdict(low, high), verdict(high, low), verdict(low, wide)} == set(VERDICTS)
+def test_trajectory_of_a_series_with_known_answers():
+    steps = [0, 5, 10, 25, 50, 75, 100, 125, 150, 175, 200]  # dense early probes, then every 25
+    values = [1.0, 8.0, 4.0, 2.0, 2.0, 2.0, 2.0, 4.0, 2.0, 4.0, 2.0]
+    out = trajectory(steps, values, regular=25)
+    assert (out["level"], out["growth"], out["peak"], out["range"]) == (2.0, 2.0, 8.0, 7.0)
+    assert out["range_late"] == 2.0 and out["log_step"] == pytest.approx(LN2)  # late: 125 .. 200
+    assert out["detrended"] > 0
+    trend_only = trajectory(steps, [1.1**k for k in range(11)], regular=25)
+    assert trend_only["detrended"] < 1e-9 < trend_only["log_step"]  # a steady trend is not an oscillation
+    short = trajectory([0, 25, 50], [1.0, 2.0, 3.0], regular=25)
+    assert math.isnan(short["detrended"]) and math.isnan(short["log_step"])  # one late point
+    assert math.isnan(trajectory([0], [1.0], regular=25)["range_late"])
+
+
+def _paired_table(values, method="CS", broke=()):
+    import pandas as pd
+
+    rows = []
+    for seed, (base, treat) in enumerate(values):
+        rows += [{"method": "none", "seed": seed, "N": 6, "loss": base, "broke_down": seed in broke},
+                 {"method": method, "seed": seed, "N": 6, "loss": treat, "broke_down": False}]
+    return pd.DataFrame(rows)
+
+
+def test_compare_pairs_runs_by_seed_on_the_log_scale():
+    table = _paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9), (8.0, 4.2)])
+    test = compare(table, "loss", "CS")
+    expected = paired_test([0.0, LN2, 2 * LN2, 3 * LN2], [math.log(v) for v in (0.5, 1.1, 1.9, 4.2)],
+                           math.log1p(0.05))
+    assert test == expected and test.verdict == "reproduced"
+    assert compare(table, "loss", "CS", direction="greater").verdict == "contradicted"
+    linear = compare(table, "loss", "CS", log=False, margin=0.1)
+    assert linear.estimate == pytest.approx(-1.825) and linear.margin == 0.1
+    shuffled = table.sample(frac=1, random_state=0)  # row order does not matter: seeds pair the runs
+    assert compare(shuffled, "loss", "CS") == test
+
+
+def test_compare_refuses_duplicated_unpaired_and_broken_runs():
+    import pandas as pd
+
+    table = _paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9)])
+    with pytest.raises(ValueError, match="same seed"):
+        compare(pd.concat([table, table]), "loss", "CS")  # e.g. two experiments in one table
+    with pytest.raises(ValueError, match="same seeds"):
+        compare(table.iloc[:-1], "loss", "CS")
+    with pytest.raises(ValueError, match="compare_breakdowns"):
+        compare(_paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9)], broke=(1,)), "loss", "CS")
+    with pytest.raises(ValueError, match="no runs of 'LS'"):
+        compare(table, "loss", "LS")
+    with pytest.raises(KeyError, match="no column 'depth'"):
+        compare(table, "loss", "CS", depth=6)
+    assert compare(table, "loss", "CS", N=6).n == 3
+
+
+def test_compare_breakdowns_pairs_each_setting_and_seed():
+    table = _paired_table([(1.0, 0.5)] * 8, broke=range(8))
+    test = compare_breakdowns(table, "CS")
+    assert test.events == (8, 0) and test.verdict == "reproduced"
+    with pytest.raises(ValueError, match="same settings and seeds"):
+        compare_breakdowns(table.iloc[:-1], "CS")
 
 
 # -- trend, spread_by -------------------------------------------------------------------------------
@@ -227,19 +294,19 @@ def test_trend_of_monotone_noisy_and_reversed_series():
     rho, p, says = trend(x, [-v for v in x])
     assert (rho, says) == (pytest.approx(-1.0), "contradicted") and p < 0.05
     rho, p, says = trend(x, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
-    assert says == "not at this scale" and p >= 0.05 and -1 < rho < 1
+    assert says == "undecided" and p >= 0.05 and -1 < rho < 1
 
 
-def test_trend_without_evidence_is_not_at_this_scale():
+def test_trend_without_evidence_is_undecided():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert trend([1, 2, 3, 4, 5], [2.0] * 5)[2] == "not at this scale"
-        assert trend([1, 2], [1.0, 2.0])[2] == "not at this scale"
+        assert trend([1, 2, 3, 4, 5], [2.0] * 5)[2] == "undecided"
+        assert trend([1, 2], [1.0, 2.0])[2] == "undecided"
 
 
-def test_trend_of_three_or_four_points_is_not_at_this_scale():
-    assert trend([1, 2, 3], [1.0, 2.0, 3.0])[2] == "not at this scale"
-    assert trend([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])[2] == "not at this scale"
+def test_trend_of_three_or_four_points_is_undecided():
+    assert trend([1, 2, 3], [1.0, 2.0, 3.0])[2] == "undecided"
+    assert trend([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])[2] == "undecided"
 
 
 def test_spread_by_is_the_ratio_of_geometric_means():
@@ -457,22 +524,24 @@ def test_geometric_fit_recovers_cs_and_measures_departures():
             evidence.geometric_fit(bad)
 
 
-def test_speedup_verdict_reads_intervals_and_unreached_seeds():
+def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
     def table(label, values):
         return pd.DataFrame({"label": label, "seed": range(len(values)), "diverged_at": None,
-                             "reached": [v == v for v in values], "speedup": values})
+                             "reached": [v == v for v in values], "speedup": values,
+                             "steps": [100.0 / v if v == v else float("nan") for v in values]})
 
     import pandas as pd
 
     speed = pd.concat([table("fast", [1.5, 1.6, 1.55]), table("same", [0.8, 1.3, 1.0]),
                        table("slow", [0.5, 0.6, 0.55]), table("split", [1.2, float("nan"), 1.3]),
                        table("never", [float("nan")] * 3)])
-    assert evidence.speedup_verdict(speed, "fast")[1] == "reproduced"
-    assert evidence.speedup_verdict(speed, "fast")[0].startswith("speed-up 1.55 [")
-    assert evidence.speedup_verdict(speed, "same")[1] == "not at this scale"
-    assert evidence.speedup_verdict(speed, "slow")[1] == "contradicted"
-    assert evidence.speedup_verdict(speed, "split") == ("2 of 3 seeds reach the baseline's final FCD",
-                                                        "not at this scale")
-    assert evidence.speedup_verdict(speed, "never")[1] == "contradicted"
+    text, test = evidence.speedup_verdict(speed, "fast")
+    assert test.verdict == "reproduced" and text.startswith("speed-up 1.55x [") and text.endswith("n = 3")
+    assert test == paired_test([math.log(100.0)] * 3, [math.log(100 / v) for v in (1.5, 1.6, 1.55)],
+                               math.log1p(0.05))
+    assert evidence.speedup_verdict(speed, "same")[1].verdict == "undecided"
+    assert evidence.speedup_verdict(speed, "slow")[1].verdict == "contradicted"
+    assert evidence.speedup_verdict(speed, "split") == ("2 of 3 seeds reach the baseline's final FCD", None)
+    assert evidence.speedup_verdict(speed, "never")[1] is None
     with pytest.raises(KeyError, match="no runs labelled 'LS'"):
         evidence.speedup_verdict(speed, "LS")

@@ -21,12 +21,13 @@ from scalelong_edu.probes import probe_batch
 from scalelong_edu.profiles import PROFILES, get_profile
 from scalelong_edu.train import NonFiniteLossError, Trainer
 
-TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=1)
+TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=1,
+               seed_cap=None)
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
-NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "uvit-lr-sweep", "unet-lr-sweep",
-         "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet", "kappa-grid",
-         "block-output", "stability-map"]
+NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
+         "unet-lr-sweep", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet",
+         "kappa-grid", "block-output", "stability-map"]
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +61,8 @@ def test_run_records_everything_and_caches(tmp_results, monkeypatch):
     feats = probes[(probes.probe == "features") & (probes.label == "CS")]
     assert sorted(feats.step.unique()) == [0, 2, 4] and set(feats.skip.dropna()) == {1, 2}
     assert set(probes.probe) == {"features", "fixed", "grads", "adam", "robustness", "lipschitz"}
-    assert sorted(probes[probes.probe == "fixed"].step.unique()) == [0, 2, 4]
+    fixed = probes[probes.probe == "fixed"]
+    assert sorted(fixed.step.unique()) == [0, 2, 4] and set(fixed.quantity) == {"loss", "output_sq_norm"}
     adam = probes[probes.probe == "adam"]
     assert sorted(adam.step.unique()) == [2, 4] and sorted(adam[adam.quantity == "m_sign_flip"].step.unique()) == [4]
     lip = probes[(probes.probe == "lipschitz") & (probes.label == "CS")]
@@ -211,7 +213,7 @@ def test_probes_run_on_a_fixed_held_out_batch_from_step_0(tmp_results, monkeypat
     model = build_model(TINY.uvit, 1, TINY.image_size).eval()
     with torch.no_grad():
         loss = eps_loss(model, x0, linear_schedule(), t=t, noise=eps).item()
-    (fixed_0,) = slow.query("probe == 'fixed' and step == 0").value
+    (fixed_0,) = slow.query("probe == 'fixed' and quantity == 'loss' and step == 0").value
     assert fixed_0 == pytest.approx(loss, rel=1e-5)
 
 
@@ -492,3 +494,63 @@ def test_the_help_names_only_existing_experiments(capsys):
         main(["--help"])
     named = re.findall(r"scalelong_edu run (\S+)", capsys.readouterr().out)
     assert named and all(name in ex.EXPERIMENTS for name in named)
+
+
+def test_fig1_recordings_dense_early_probes_batch_norms_ema_loss_and_fd_samples(tmp_results, monkeypatch):
+    seen = []
+    monkeypatch.setattr(ex, "fcd", lambda samples, reference, classifier: seen.append(len(samples)) or 1.0)
+    monkeypatch.setattr(ex, "get_feature_classifier", lambda *a, **k: None)
+    fig1 = replace(QUICK, name="fig1", fd_points=2, fd_samples=6, early_probes=(1, 2), batch_norms=True,
+                   ema_loss=True, end_probes=False)
+    monkeypatch.setitem(ex.EXPERIMENTS, "fig1", fig1)
+    result = ex.run_experiment("fig1", TINY, progress=False)
+    probes = result.probes()
+    fixed = probes[(probes.probe == "fixed") & (probes.quantity == "loss") & (probes.label == "CS")]
+    assert sorted(fixed.step) == [0, 1, 2, 4]  # every step up to 2, then every eval_every = 2
+    assert sorted(probes[(probes.probe == "adam") & (probes.label == "CS")].step.unique()) == [2, 4]
+    ema = probes[(probes.probe == "fixed_ema") & (probes.label == "CS")]
+    assert sorted(ema.step) == [0, 2, 4] and (ema.value > 0).all()
+    batch = probes[(probes.probe == "batch") & (probes.label == "CS")]
+    assert sorted(batch.step.unique()) == [2, 4] and set(batch.block) == {"b", "output"}
+    assert seen == [6] * 4  # two runs, two evaluations, fd_samples each
+    spec = fig1.spec(TINY)["experiment"]
+    assert spec["early_probes"] == (1, 2) and spec["batch_norms"] and spec["fd_samples"] == 6
+    assert "batch_norms" not in QUICK.spec(TINY)["experiment"]  # defaults stay out: old hashes hold
+
+
+def test_the_ci_profile_caps_the_seeds_of_the_main_comparisons():
+    main = ex.get_experiment("main-uvit")
+    assert len(main.plan(get_profile("cpu"))) == 16 * 4 and len(main.plan(get_profile("ci"))) == 2 * 4
+    assert len(ex.get_experiment("main-unet").plan(get_profile("cpu"))) == 12 * 4
+    assert "seed_cap" not in main.spec(get_profile("ci"))["profile"]
+
+
+def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp_results, monkeypatch):
+    """The premise of every paired test in the book: same seed, same start, same data."""
+    built, batches = [], []
+    build = ex.build_model
+
+    def recording_build(*args, **kwargs):
+        model = build(*args, **kwargs)
+        built.append({k: v.clone() for k, v in model.state_dict().items()})
+        return model
+
+    next_batch = Trainer._next_batch
+
+    def recording_batch(self):
+        batch = next_batch(self)
+        batches.append((self.spec["run"]["label"], [x.clone() for x in batch]))
+        return batch
+
+    monkeypatch.setattr(ex, "build_model", recording_build)
+    monkeypatch.setattr(Trainer, "_next_batch", recording_batch)
+    pair = ex.Experiment("pair", "none vs LS", (ex.RunSpec("none"), ex.RunSpec("LS", method="ls")), end_probes=False)
+    monkeypatch.setitem(ex.EXPERIMENTS, "pair", pair)
+    result = ex.run_experiment("pair", TINY, progress=False)
+    none, ls = built
+    assert set(none) < set(ls)  # LS adds its calibration networks, created after the backbone ...
+    assert all(torch.equal(none[k], ls[k]) for k in none)  # ... so the backbone starts from the same weights
+    first, second = ([b for label, b in batches if label == name] for name in ("none", "LS"))
+    assert len(first) == TINY.steps and all(torch.equal(x, y) for a, b in zip(first, second) for x, y in zip(a, b))
+    probes = result.probes().query("probe == 'features' and block == 'a' and step == 0")
+    assert probes[probes.label == "none"].value.tolist() == probes[probes.label == "LS"].value.tolist()

@@ -8,6 +8,7 @@ import pytest
 
 from scalelong_edu import ledger
 from scalelong_edu.ledger import Claim, claims_table
+from scalelong_edu.stats import paired_test
 from scalelong_edu.notebooks import ROOT, chapters
 
 LONG = "Thm 3.1: ||h_i||^2 <= C ||x_t||^2 S_i & more " + "words " * 20  # past pandas' 50-character cut
@@ -27,29 +28,50 @@ def notebook(tmp_path, outputs, name="nb.ipynb"):
     return path
 
 
-CLAIMS = [Claim(6, LONG, "0.71 [0.52, 0.90] vs 1 (n = 3)", "not at this scale"),
+CLAIMS = [Claim(6, LONG, "0.71 [0.52, 0.90] vs 1 (n = 3)", "undecided"),
           Claim(6, "CS <speeds> training up", "x < y", "reproduced")]
+CLEAR = paired_test([1.0, 2.0, 3.0, 4.0], [0.5, 1.4, 2.6, 3.5], margin=0.1)  # p = 0.003
+NOISY = paired_test([1.0, 2.0, 3.0], [1.5, 1.0, 3.2], margin=0.1)
 
 
-def test_claim_rejects_an_unknown_verdict():
+def test_claim_rejects_an_unknown_verdict_and_needs_a_test_or_a_verdict():
     with pytest.raises(ValueError, match="verdict must be one of"):
         Claim(3, "CS damps oscillation", "less oscillation", "confirmed")
+    with pytest.raises(ValueError, match="not both or neither"):
+        Claim(3, "CS damps oscillation", "less oscillation")
+    with pytest.raises(ValueError, match="not both or neither"):
+        Claim(3, "CS damps oscillation", "less oscillation", "reproduced", test=CLEAR)
 
 
-def test_claims_table_columns_and_rows():
-    claims = [Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", "reproduced"),
-              Claim(3, "LS beats CS", "overlapping", "not at this scale")]
+def test_claims_table_puts_the_verdict_first_and_reports_p_and_seeds():
+    claims = [Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, margin="0.1"),
+              Claim(3, "LS beats CS", "noisy", test=NOISY, margin="0.1"),
+              Claim(3, "CIFAR-10's ratio", "offline", "not tested here")]
     table = claims_table(claims)
-    assert list(table.columns) == ["the paper claims", "we measured", "verdict"]
-    assert table.verdict.tolist() == ["reproduced", "not at this scale"]
-    assert table.iloc[0, 0] == "CS damps feature oscillation" and len(claims_table([])) == 0
+    assert list(table.columns) == ["verdict", "the paper claims", "we measured", "margin", "p (Holm)",
+                                   "seeds to decide"]
+    assert table.verdict.tolist() == ["reproduced", "undecided", "not tested here"]
+    assert table["p (Holm)"].tolist() == [f"{CLEAR.p:.2g}", f"{NOISY.p:.2g}", ""]
+    assert table["seeds to decide"].tolist() == ["", str(NOISY.seeds_needed), ""]
+    assert len(claims_table([])) == 0
+
+
+def test_publish_decides_a_chapters_claims_as_one_holm_family():
+    marginal = paired_test([1.0, 2.0, 3.0, 4.0, 5.0], [0.8, 1.9, 2.5, 3.9, 4.6], margin=0.1)
+    assert 0.01 < marginal.p < 0.05 and marginal.verdict == "reproduced"  # alone, it passes
+    family = [Claim(4, "a", "m", test=marginal)] + [Claim(4, f"b{k}", "m", test=NOISY) for k in range(3)]
+    decided = ledger.decide(family + [Claim(4, "rule", "m", "contradicted")])
+    assert decided[0].test.p_holm == pytest.approx(min(1, 4 * marginal.p)) and decided[0].decided == "undecided"
+    assert decided[-1].decided == "contradicted" and decided[-1].test is None
+    table = claims_table(decided)
+    assert table["p (Holm)"][0] == f"{marginal.p:.2g} ({4 * marginal.p:.2g})"
 
 
 def test_read_claims_returns_the_full_untruncated_table(tmp_path):
     path = notebook(tmp_path, [glue_output("other", pd.DataFrame({"a": [1]})),
                                glue_output("claims_ch6", claims_table(CLAIMS))])
     table = ledger.read_claims(path)
-    assert list(table.columns) == ["chapter", "the paper claims", "we measured", "verdict"]
+    assert list(table.columns) == ["chapter", *ledger.COLUMNS]
     assert table["the paper claims"].tolist() == [LONG.strip(), "CS <speeds> training up"]
     assert table["we measured"].tolist() == [c.measured for c in CLAIMS] and set(table.chapter) == {6}
 
@@ -63,6 +85,8 @@ def test_a_chapter_must_glue_exactly_one_claims_table(tmp_path):
     bad = claims_table(CLAIMS).assign(verdict=["reproduced", "probably"])
     with pytest.raises(ValueError, match="unknown verdicts"):
         ledger.read_claims(notebook(tmp_path, [glue_output("claims_ch6", bad)]))
+    with pytest.raises(ValueError, match="no 'verdict' column"):
+        ledger.read_claims(notebook(tmp_path, [glue_output("claims_ch6", claims_table(CLAIMS).drop(columns="verdict"))]))
     with pytest.raises(ValueError, match="clone of the repository"):
         ledger.collect([])
     with pytest.raises(KeyError, match="no table named 'ledger'"):
@@ -75,14 +99,15 @@ def test_publish_refuses_claims_of_another_chapter():
 
 
 def test_collect_keeps_chapter_order_and_tally_counts(tmp_path):
-    other = [Claim(2, "b", "m", "contradicted")]
+    other = [Claim(2, "b", "m", "contradicted"), Claim(2, "c", "m", test=CLEAR)]
     paths = [notebook(tmp_path, [glue_output("claims_ch2", claims_table(other))], "a.ipynb"),
              notebook(tmp_path, [glue_output("claims_ch6", claims_table(CLAIMS))], "b.ipynb")]
     table = ledger.collect(paths)
-    assert table.chapter.tolist() == [2, 6, 6]
+    assert table.chapter.tolist() == [2, 2, 6, 6]
     counts = ledger.tally(table)
-    assert list(counts.columns) == ["reproduced", "not at this scale", "contradicted"]
-    assert counts.loc[6].tolist() == [1, 1, 0] and counts.loc["all"].tolist() == [1, 1, 1]
+    assert list(counts.columns) == ["reproduced", "contradicted", "absent", "undecided", "not tested here", "family"]
+    assert counts.loc[2].tolist() == [1, 1, 0, 0, 0, 1] and counts.loc[6].tolist() == [1, 0, 0, 1, 0, 0]
+    assert counts.loc["all"].tolist() == [2, 1, 0, 1, 0, 1]
 
 
 def test_the_book_ledger_shows_what_the_chapters_glue():

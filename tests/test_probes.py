@@ -9,6 +9,8 @@ import torch
 from scalelong_edu.diffusion import eps_loss, linear_schedule, q_sample
 from scalelong_edu.models import build_model
 from scalelong_edu.probes import (
+    BatchNorms,
+    fixed_batch_loss,
     ADAM_QUANTITIES,
     COLUMNS,
     FeatureNorms,
@@ -426,7 +428,7 @@ def test_recorder_runs_a_training_loop_and_builds_a_tidy_frame():
     assert list(frame.columns) == list(COLUMNS)
     features = len(features_of_one_forward(model))
     per_step = features + (2 * n + 1) + 4 * (2 * n + 1)  # features + grads + adam (no sign flips at the first)
-    assert len(frame) == 3 * per_step + 2 * (2 * n + 1) + 8 + (features + 1 + 2 * n + 1)  # + flips, fixed batch
+    assert len(frame) == 3 * per_step + 2 * (2 * n + 1) + 8 + (features + 2 + 2 * n + 1)  # + flips, fixed batch
     flips = frame.query("quantity == 'm_sign_flip'")
     assert sorted(flips["step"].unique()) == [1, 2]  # the recorder keeps the signs between steps
     assert set(frame.query("step == 3")["probe"]) == {"features", "fixed", "grads"}
@@ -489,7 +491,11 @@ def test_probe_fixed_batch_measures_the_loss_features_and_gradients_of_that_batc
     loss.backward()
     n = model.n_skips
     assert value(rows, probe="fixed", quantity="loss") == pytest.approx(loss.item(), rel=1e-5)
-    assert pick(rows, probe="fixed")[0]["block"] == "model"
+    with torch.no_grad():
+        out = model(q_sample(x0, t, schedule, eps), schedule.model_time(t))
+    assert value(rows, probe="fixed", quantity="output_sq_norm") == pytest.approx(
+        out.flatten(1).square().sum(1).mean().item(), rel=1e-5)
+    assert {r["block"] for r in pick(rows, probe="fixed")} == {"model"}
     for (side, i), h in expected.items():
         assert value(rows, block=side, skip=i, quantity="norm") == pytest.approx(
             h.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
@@ -497,7 +503,7 @@ def test_probe_fixed_batch_measures_the_loss_features_and_gradients_of_that_batc
     assert len(pick(rows, quantity="kappa")) == n
     by_hand = grad_norms(model, step=4)
     assert [r["value"] for r in pick(rows, probe="grads")] == pytest.approx([r["value"] for r in by_hand], rel=1e-5)
-    assert len(rows) == len(features_of_one_forward(model)) + 1 + 2 * n + 1 and {r["step"] for r in rows} == {4}
+    assert len(rows) == len(features_of_one_forward(model)) + 2 + 2 * n + 1 and {r["step"] for r in rows} == {4}
     assert all_hooks(model) == 0
 
 
@@ -598,3 +604,49 @@ def test_lipschitz_gives_one_positive_row_per_block_and_the_model(preset):
     assert all(m.training for m in model.modules()) and all_hooks(model) == 0
     assert all(p.grad is None for p in model.parameters())
     assert lipschitz(model, x, t[:2], iters=2, step=1) == rows  # eval mode: dropout off, deterministic
+
+
+def test_fixed_batch_loss_is_the_eval_mode_loss_of_that_batch():
+    model = tiny("uvit-ci", "cs", **DROPOUT["uvit-ci"]).train()
+    schedule = linear_schedule()
+    x0, t, eps = probe_batch(batch(3)[0], 3, schedule, seed=2)
+    row = fixed_batch_loss(model, (x0, t, eps), schedule, step=7)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        expected = eps_loss(model, x0, schedule, t=t, noise=eps).item()
+    assert row["value"] == pytest.approx(expected, rel=1e-5)
+    assert (row["step"], row["probe"], row["block"], row["quantity"]) == (7, "fixed_ema", "model", "loss")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_batch_norms_are_the_training_forward_norms_summarised_per_window(preset):
+    from scalelong_edu.train import TrainConfig, Trainer
+
+    torch.manual_seed(0)
+    images = torch.rand(32, 1, 16, 16) * 2 - 1
+    model = tiny(preset)
+    trainer = Trainer(model, images, linear_schedule(), TrainConfig(steps=5, batch_size=4, seed=0), progress=False)
+    probe = BatchNorms(trainer.model, window=2)
+    seen = []  # the same norms by hand, from hooks of our own on the outermost decoder block and the model
+    hooks = [m.register_forward_hook(lambda m, i, o, k=k: seen.append((k, o.detach().flatten(1).norm(dim=1).mean())))
+             for k, m in (("b1", trainer.model.decoder_blocks[0]), ("out", trainer.model))]
+    trainer.callbacks.append(probe)
+    trainer.fit()
+    for h in hooks:
+        h.remove()
+    assert sorted(probe.norms) == [1, 2, 3, 4, 5] and all(len(v) == model.n_skips + 1 for v in probe.norms.values())
+    b1 = [v.item() for k, v in seen if k == "b1"]
+    out = [v.item() for k, v in seen if k == "out"]
+    assert [probe.norms[s][0] for s in range(1, 6)] == pytest.approx(b1, rel=1e-5)
+    assert [probe.norms[s][-1] for s in range(1, 6)] == pytest.approx(out, rel=1e-5)
+    assert all_hooks(trainer.model) == 0  # the probe's hooks are gone after each step
+    rows = probe.summary()
+    assert sorted({r["step"] for r in rows}) == [2, 4, 5]  # windows (1, 2), (3, 4), (5)
+    assert value(rows, block="b", skip=1, step=4, quantity="mean") == pytest.approx((b1[2] + b1[3]) / 2, rel=1e-5)
+    assert value(rows, block="b", skip=1, step=4, quantity="max") == pytest.approx(max(b1[2:4]), rel=1e-5)
+    assert value(rows, block="output", step=2, quantity="log_step") == pytest.approx(
+        abs(math.log(out[1] / out[0])), rel=1e-5)
+    assert math.isnan(value(rows, block="output", step=5, quantity="log_step"))  # one step: no change to measure
+    with pytest.raises(ValueError, match="window"):
+        BatchNorms(model, window=1)

@@ -5,7 +5,20 @@ import math
 import pytest
 import torch
 
-from scalelong_edu.stats import MeanSE, differ, mean_se, oscillation, over_seeds
+import numpy as np
+
+from scalelong_edu.stats import (
+    VERDICTS,
+    MeanSE,
+    holm,
+    mean_se,
+    detrended,
+    oscillation,
+    over_seeds,
+    paired_rates,
+    paired_test,
+    seeds_needed,
+)
 
 
 def test_mean_se_of_known_values():
@@ -40,13 +53,11 @@ def test_bad_values_raise_clear_errors(values, match):
         mean_se(values)
 
 
-def test_the_interval_uses_students_t_and_differ_needs_separate_intervals():
+def test_the_interval_uses_students_t():
     three = mean_se([1.0, 2.0, 3.0])  # mean 2, se 1/sqrt(3), t(0.975, 2) = 4.3027
     lo, hi = three.interval()
     assert (lo, hi) == pytest.approx((2 - 4.3027 / 3**0.5, 2 + 4.3027 / 3**0.5), rel=1e-4)
     assert three.interval(0.5)[1] - three.interval(0.5)[0] < hi - lo
-    assert differ(mean_se([1.0, 1.1, 0.9]), mean_se([5.0, 5.1, 4.9]))
-    assert not differ(mean_se([1.0, 2.0, 3.0]), mean_se([2.5, 3.5, 4.5]))  # overlapping
     with pytest.raises(ValueError, match="level must be in"):
         three.interval(95)
 
@@ -63,3 +74,138 @@ def test_oscillation_of_series_with_known_answers():
                        ([1.0, 2.0], "at least window"), ([1.0] * 5, "window must be")]:
         with pytest.raises(ValueError, match=match):
             oscillation(bad, window=1 if match == "window must be" else 3)
+
+
+def draws(effect, sd, n, rng, spread=1.0):
+    """Paired data: seed effects shared by both arms (spread), plus the treatment's effect and noise."""
+    seed = rng.normal(0, spread, n)
+    return seed, seed + effect + rng.normal(0, sd, n)
+
+
+def verdict_rates(effect, sd, n, margin, direction="less", draws_=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    verdicts = [paired_test(*draws(effect, sd, n, rng), margin, direction).verdict for _ in range(draws_)]
+    return {v: verdicts.count(v) / draws_ for v in VERDICTS}
+
+
+def test_paired_test_matches_scipy_and_a_hand_computation():
+    from scipy.stats import ttest_rel, wilcoxon
+
+    base = [1.0, 2.0, 3.0, 4.0, 5.0]
+    treat = [0.8, 1.9, 2.5, 3.9, 4.6]
+    test = paired_test(base, treat, margin=0.5)
+    diff = np.subtract(treat, base)
+    assert test.estimate == pytest.approx(diff.mean()) and test.n == 5 and test.sd == pytest.approx(diff.std(ddof=1))
+    half = 2.7764451 * diff.std(ddof=1) / 5**0.5  # t(0.975, 4)
+    assert test.ci == pytest.approx((diff.mean() - half, diff.mean() + half), rel=1e-6)
+    assert test.p == pytest.approx(ttest_rel(treat, base).pvalue) and test.p_exact == pytest.approx(
+        wilcoxon(diff).pvalue)
+    assert test.verdict == "reproduced" and test.p_holm is None
+    assert paired_test(base, treat, margin=0.5, direction="greater").verdict == "contradicted"
+
+
+def test_a_true_effect_of_one_and_a_half_paired_sds_with_12_pairs_is_reproduced_in_80_percent():
+    rates = verdict_rates(effect=-1.5, sd=1.0, n=12, margin=0.5)
+    assert rates["reproduced"] >= 0.8 and rates["contradicted"] == 0
+
+
+@pytest.mark.parametrize("direction", ["less", "greater"])
+def test_a_null_effect_is_reproduced_or_contradicted_at_most_at_the_nominal_level(direction):
+    rates = verdict_rates(effect=0.0, sd=1.0, n=8, margin=0.5, direction=direction, draws_=4000)
+    assert rates["reproduced"] <= 0.05 / 2 + 0.01 and rates["contradicted"] <= 0.05 / 2 + 0.01  # two-sided 5%
+    assert rates["reproduced"] + rates["contradicted"] > 0.02  # ... and the test is not simply mute
+
+
+def test_a_null_effect_with_a_small_paired_sd_is_absent():
+    rates = verdict_rates(effect=0.0, sd=0.05, n=12, margin=0.5)
+    assert rates["absent"] >= 0.9
+
+
+def test_pairing_buys_power_when_seeds_differ_a_lot():
+    rng = np.random.default_rng(1)
+    base, treat = draws(-0.5, 0.2, 6, rng, spread=3.0)
+    assert paired_test(base, treat, 0.1).verdict == "reproduced"
+    from scipy.stats import ttest_ind
+
+    assert ttest_ind(treat, base).pvalue > 0.05  # unpaired, the seeds' spread hides it
+
+
+def test_an_undecided_test_says_how_many_seeds_would_decide_it():
+    from statsmodels.stats.power import TTestPower
+
+    test = paired_test([0.0, 1.0, 2.0], [0.5, 0.8, 2.9], margin=0.2)
+    assert test.verdict == "undecided"
+    assert test.estimate == pytest.approx(0.4)  # larger than the margin: the seeds to detect a difference that size
+    assert test.seeds_needed == math.ceil(TTestPower().solve_power(0.4 / test.sd, alpha=0.05, power=0.8))
+    assert seeds_needed(0.01, 1.0) == 2 and seeds_needed(1.0, 0.01) > 70_000  # no convergence trouble
+    assert seeds_needed(1.0, 1.0) == 10 and seeds_needed(0.0, 1.0) == 2  # d = 1: 10 pairs for 80%
+    assert seeds_needed(1.0, 0.5) > seeds_needed(1.0, 1.0)
+
+
+def test_holm_keeps_a_familys_false_positive_rate_at_five_percent(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(gc, "collect", lambda *a: 0)  # statsmodels' multipletests collects garbage at every call
+    rng = np.random.default_rng(2)
+    family_errors, raw_errors = 0, 0
+    for _ in range(1000):
+        tests = [paired_test(*draws(0.0, 1.0, 8, rng), 0.5) for _ in range(6)]
+        raw_errors += any(t.verdict in ("reproduced", "contradicted") for t in tests)
+        family_errors += any(t.verdict in ("reproduced", "contradicted") for t in holm(tests))
+    assert family_errors / 1000 <= 0.05 + 0.015 and raw_errors / 1000 > 0.15  # six raw tests: ~26%
+
+
+def test_holm_adjusts_p_values_as_statsmodels_does():
+    rng = np.random.default_rng(3)
+    tests = [paired_test(*draws(e, 1.0, 10, rng), 0.5) for e in (-2.0, -0.3, 0.0)]
+    adjusted = holm(tests)
+    ps = sorted(t.p for t in tests)
+    assert sorted(t.p_holm for t in adjusted) == pytest.approx([min(1, 3 * ps[0]), min(1, max(3 * ps[0], 2 * ps[1])),
+                                                                 min(1, max(3 * ps[0], 2 * ps[1], ps[2]))])
+    assert [t.p for t in adjusted] == [t.p for t in tests] and holm([]) == []
+
+
+@pytest.mark.parametrize("base, treat, margin, direction, match", [
+    ([1.0, 2.0], [1.0], 0.1, "less", "equal-length"),
+    ([1.0], [2.0], 0.1, "less", "at least 2 pairs"),
+    ([1.0, math.nan], [1.0, 2.0], 0.1, "less", "diverged"),
+    ([1.0, 2.0], [1.0, math.inf], 0.1, "less", "finite"),
+    ([1.0, 2.0], [1.0, 2.0], 0.0, "less", "margin"),
+    ([1.0, 2.0], [1.0, 2.0], 0.1, "lower", "direction"),
+])
+def test_paired_test_rejects_bad_input(base, treat, margin, direction, match):
+    with pytest.raises(ValueError, match=match):
+        paired_test(base, treat, margin, direction)
+
+
+def test_identical_shifts_have_no_spread_and_decide_by_their_sign():
+    assert paired_test([1.0, 2.0, 3.0], [0.5, 1.5, 2.5], 0.5).verdict == "reproduced"
+    same = paired_test([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 0.5)
+    assert same.verdict == "absent" and same.p == 1.0 and same.p_exact == 1.0
+
+
+def test_paired_rates_are_an_exact_mcnemar_test_with_exact_intervals():
+    from scipy.stats import binomtest
+
+    base = np.array([True] * 8 + [False] * 8)
+    treat = np.array([False] * 8 + [False] * 8)
+    test = paired_rates(base, treat, margin=0.25)
+    assert test.events == (8, 0) and test.n == 16 and test.estimate == -0.5
+    assert test.p == pytest.approx(binomtest(0, 8, 0.5).pvalue) and test.verdict == "reproduced"
+    assert test.ci[1][0] == 0.0 and 0 < test.ci[1][1] < 0.25  # 0 of 16: [0, 0.206]
+    assert paired_rates(base, treat, 0.25, direction="greater").verdict == "contradicted"
+    none = paired_rates(np.zeros(16, bool), np.zeros(16, bool), margin=0.25)
+    assert none.p == 1.0 and none.verdict == "absent"  # both upper bounds 0.206 < 0.25
+    assert paired_rates(np.zeros(4, bool), np.zeros(4, bool), margin=0.25).verdict == "undecided"  # 0/4: up to 0.6
+    with pytest.raises(ValueError, match="bools"):
+        paired_rates([0.5, 1.0], [1.0, 0.0], 0.25)
+
+
+def test_detrended_ignores_a_steady_trend_and_sees_a_zigzag():
+    assert detrended([2.0 * 1.1**k for k in range(8)]) == pytest.approx(0.0, abs=1e-12)
+    zigzag = [1.0, 4.0] * 4  # +-ln 2 around a (nearly) flat line
+    assert detrended(zigzag) == pytest.approx(math.log(2), rel=0.05)
+    assert detrended([v * 1.5**k for k, v in enumerate(zigzag)]) == pytest.approx(detrended(zigzag))
+    for bad, match in [([1.0, 2.0], "at least 3"), ([1.0, -1.0, 2.0], "finite and > 0")]:
+        with pytest.raises(ValueError, match=match):
+            detrended(bad)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from scalelong_edu import evidence
 from scalelong_edu import experiments as ex
 from scalelong_edu import sweeps
 from scalelong_edu.experiments import depth_overrides
@@ -28,10 +29,10 @@ def table(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SCALELONG_RESULTS", str(tmp_path_factory.mktemp("results")))
         mp.setitem(ex.EXPERIMENTS, SWEEP.name, SWEEP)
-        return sweeps.sweep_table(ex.run_experiment(SWEEP.name, TINY, progress=False))
+        return evidence.run_table(ex.run_experiment(SWEEP.name, TINY, progress=False))
 
 
-def test_sweep_table_reads_each_runs_setting(table):
+def test_run_table_reads_each_runs_setting(table):
     assert len(table) == 12 and set(table.seed) == {0, 1}
     assert list(dict.fromkeys(table.method)) == ["none", "CS (kappa=0.5)", "LS"]
     assert list(table.N[table.seed == 0]) == [1, 1, 1, 2, 2, 2]
@@ -105,17 +106,20 @@ def test_stability_map_counts_unstable_runs_per_setting():
     assert list(sweeps.stability_map(frame(MAP), osc_limit=limits).unstable) == [1, 1, 2, 0]
 
 
-def test_stability_verdict_pools_the_map_and_tests_it():
-    def stability(cs, none, runs=12):
-        return pd.DataFrame({"method": ["CS", "none"], "lr_scale": [16, 16], "N": [8, 8],
-                             "unstable": [cs, none], "runs": [runs, runs]})
+def test_stability_verdict_pairs_each_setting_and_seed():
+    def runs(cs_unstable, none_unstable, n=12):
+        rows = [("CS", 16, 8, seed, 0.97 if seed < cs_unstable else 0.1, 0.1, None) for seed in range(n)]
+        rows += [("none", 16, 8, seed, 0.97 if seed < none_unstable else 0.1, 0.1, None) for seed in range(n)]
+        return frame(rows)
 
-    text, verdict = sweeps.stability_verdict(stability(0, 9), "CS")
-    assert verdict == "reproduced" and text.startswith("0/12 vs 9/12 unstable, Fisher p = ")
-    assert sweeps.stability_verdict(stability(9, 0), "CS")[1] == "contradicted"
-    assert sweeps.stability_verdict(stability(1, 2), "CS")[1] == "not at this scale"  # too few to tell
+    text, test = sweeps.stability_verdict(runs(0, 9), "CS")
+    assert test.verdict == "reproduced" and text.startswith("0/12 vs 9/12 unstable, McNemar p = ")
+    assert sweeps.stability_verdict(runs(9, 0), "CS")[1].verdict == "contradicted"
+    assert sweeps.stability_verdict(runs(1, 2), "CS")[1].verdict == "undecided"  # too few to tell
     with pytest.raises(KeyError, match="no method 'LS'"):
-        sweeps.stability_verdict(stability(0, 0), "LS")
+        sweeps.stability_verdict(runs(0, 0), "LS")
+    with pytest.raises(ValueError, match="several runs"):
+        sweeps.stability_verdict(pd.concat([runs(0, 0), runs(0, 0)]), "CS")
 
 
 def test_select_and_method_summary_of_one_setting():
@@ -140,18 +144,29 @@ def test_optimum_is_the_lowest_mean_with_an_interval_and_its_ties():
         sweeps.optimum(summary.assign(lo=math.nan), "kappa")
 
 
-def test_paired_differences_cancel_what_the_seeds_share():
+def test_paired_tests_each_method_at_each_setting_by_seed():
     table = pd.DataFrame({"N": [8] * 6, "method": ["none", "CS"] * 3, "seed": [0, 0, 1, 1, 2, 2],
-                          "loss": [0.30, 0.25, 0.10, 0.06, 0.50, 0.44], "diverged_at": [None] * 6})
+                          "loss": [0.30, 0.25, 0.10, 0.08, 0.50, 0.41], "diverged_at": [None] * 6,
+                          "broke_down": [False] * 6})
     out = sweeps.paired(table, "loss", by=("N",))
     row = out.iloc[0]
-    assert list(out.columns) == ["N", "method", "mean", "lo", "hi", "pairs"] and row.method == "CS"
-    assert row["mean"] == pytest.approx(-0.05) and row.pairs == 3 and row.hi < 0  # seeds vary 5x more
-    assert sweeps.paired_verdict(row) == "reproduced"
+    assert list(out.columns) == ["N", "method", "estimate", "lo", "hi", "p", "pairs", "verdict", "test"]
+    assert row.method == "CS" and row.pairs == 3 and row.hi < 1  # a ratio below 1 on every seed
+    assert row.test == evidence.compare(table, "loss", "CS") and row.verdict == row.test.verdict
+    assert row.estimate == pytest.approx(math.exp(row.test.estimate))
+    linear = sweeps.paired(table, "loss", by=("N",), log=False, margin=0.01).iloc[0]
+    assert linear.estimate == pytest.approx(-0.0533, abs=1e-4)
     diffs = sweeps.paired_differences(table, "loss", by=("N",))
-    assert list(diffs.seed) == [0, 1, 2] and list(diffs["diff"].round(2)) == [-0.05, -0.04, -0.06]
-    assert sweeps.summarize(table, "loss", by=("method",)).set_index("method").loc["CS", "lo"] < 0  # unpaired: no
-    assert sweeps.paired_verdict(pd.Series({"lo": 0.01, "hi": 0.2})) == "contradicted"
-    assert sweeps.paired_verdict(pd.Series({"lo": math.nan, "hi": math.nan})) == "not at this scale"
-    with pytest.raises(ValueError, match="no runs of the baseline 'LS'"):
+    assert list(diffs.seed) == [0, 1, 2] and list(diffs["diff"].round(2)) == [-0.05, -0.02, -0.09]
+    with pytest.raises(ValueError, match="no runs of 'LS'"):
         sweeps.paired(table, "loss", baseline="LS", by=("N",))
+
+
+def test_a_duplicated_setting_method_and_seed_is_an_error_not_more_pairs():
+    table = pd.DataFrame({"N": [8] * 4, "method": ["none", "CS"] * 2, "seed": [0, 0, 1, 1],
+                          "loss": [0.3, 0.2, 0.1, 0.05], "diverged_at": [None] * 4, "broke_down": [False] * 4})
+    doubled = pd.concat([table, table])  # e.g. one run in two experiments of the same table
+    with pytest.raises(ValueError, match="share a"):
+        sweeps.paired_differences(doubled, "loss", by=("N",))
+    with pytest.raises(ValueError, match="same seed"):
+        sweeps.paired(doubled, "loss", by=("N",))
