@@ -274,6 +274,20 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
     return paired_test(base, treat, margin, direction)
 
 
+def ratio_text(test: PairedTest, what: str = "") -> str:
+    """A log-scale :func:`compare` as a reader reads it: ``"<what> 0.87x [0.80, 0.95], n = 3"``, the
+    treatment's value over the baseline's, seed by seed (geometric mean and 95% interval)."""
+    lo, hi = (math.exp(v) for v in test.ci)
+    return f"{what + ' ' if what else ''}{math.exp(test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {test.n}"
+
+
+def rate_text(test: RateTest, names: tuple[str, str] = ("none", "scaled")) -> str:
+    """A :func:`compare_breakdowns` as text: ``"none 8/16 [0.25, 0.75], scaled 0/16 [0, 0.21]"``
+    (events of runs per arm, with exact 95% intervals)."""
+    return ", ".join(f"{name} {k}/{test.n} [{lo:.2f}, {hi:.2f}]"
+                     for name, k, (lo, hi) in zip(names, test.events, test.ci))
+
+
 def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "none", *, margin: float = 0.25,
                        direction: str = "less", **where: object) -> RateTest:
     """Claim "``treatment`` breaks down less often than ``baseline``" (``broke_down`` of
@@ -627,6 +641,6 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method",
            "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
-           "features", "geometric_fit", "gradient_constants", "robustness_table", "run_table", "select", "speedup",
-           "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories", "trajectory", "trend",
-           "xt_norm_ratio"]
+           "features", "geometric_fit", "gradient_constants", "rate_text", "ratio_text", "robustness_table", "run_table",
+           "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories",
+           "trajectory", "trend", "xt_norm_ratio"]

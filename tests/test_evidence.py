@@ -545,3 +545,11 @@ def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
     assert evidence.speedup_verdict(speed, "never")[1] is None
     with pytest.raises(KeyError, match="no runs labelled 'LS'"):
         evidence.speedup_verdict(speed, "LS")
+
+
+def test_ratio_and_rate_texts_read_the_tests_back():
+    test = compare(_paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9), (8.0, 4.2)]), "loss", "CS")
+    lo, hi = (math.exp(v) for v in test.ci)
+    assert evidence.ratio_text(test, "loss") == f"loss {math.exp(test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = 4"
+    rates = compare_breakdowns(_paired_table([(1.0, 0.5)] * 8, broke=range(8)), "CS")
+    assert evidence.rate_text(rates, ("none", "CS")).startswith("none 8/8 [0.63, 1.00], CS 0/8 [0.00, 0.37]")
