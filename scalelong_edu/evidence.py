@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
+from .profiles import PROFILES
 from .stats import VERDICTS, MeanSE, PairedTest, RateTest, detrended, mean_se, oscillation, paired_rates, paired_test
 from .theory import expected_xt_sq_ratio, robustness_factor
 
@@ -74,9 +75,10 @@ def _late(frame: pd.DataFrame, last_step: int) -> pd.DataFrame:
 
 
 BREAKDOWN_LOSS = 0.5
-"""A final training loss at or above this counts as a breakdown. Predicting zero noise scores
-``E||eps||^2 / m = 1``; a model above 0.5 explains less than half of the noise it must predict,
-while every gentle run of the book ends below 0.36."""
+"""A final training loss at or above this counts as a breakdown (unless the result's profile sets
+its own ``breakdown_loss``). Predicting zero noise scores ``E||eps||^2 / m = 1``; a model above 0.5
+explains less than half of the noise it must predict, while every gentle run of the book ends
+below 0.36."""
 FIG1 = ("level", "growth", "peak", "range", "range_late", "detrended")
 """The per-run statistics of a norm's trajectory (:func:`trajectory`), paper Fig. 1's quantities."""
 
@@ -151,7 +153,7 @@ def run_table(*results: ExperimentResult, window: int = 5) -> pd.DataFrame:
     Setting columns: ``experiment, label``, ``method`` (the label before ``", N="``),
     ``backbone, scaling, kappa, N, lr_scale, lr, sum_kappa2`` (:func:`scalelong_edu.sweeps.sum_kappa2`),
     ``seed, diverged_at`` (step or ``None``), ``broke_down`` (diverged, or a final ``loss`` of at
-    least :data:`BREAKDOWN_LOSS`), ``wall_time_s``.
+    least the profile's ``breakdown_loss``, :data:`BREAKDOWN_LOSS` by default), ``wall_time_s``.
 
     Endpoints:
         loss: mean training-batch loss over the last 10% of steps;
@@ -227,7 +229,9 @@ def _run_table(result: ExperimentResult, window: int) -> pd.DataFrame:
     for series in ("feature", "grad", "output"):
         if len(paths) and (paths.series == series).any():
             table = table.merge(_geometric_mean_over_skips(paths, series), on=["label", "seed"], how="left")
-    table["broke_down"] = table.diverged_at.notna() | (table.get("loss", math.nan) >= BREAKDOWN_LOSS)
+    profile = PROFILES.get(result.spec["profile"].get("name"))
+    limit = profile.breakdown_loss if profile else BREAKDOWN_LOSS
+    table["broke_down"] = table.diverged_at.notna() | (table.get("loss", math.nan) >= limit)
     return table
 
 

@@ -145,7 +145,8 @@ class Experiment:
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
-        sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds", "seed_cap")}
+        sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds", "seed_cap",
+                                                                      "breakdown_loss")}
         sizes["steps"] = self.steps(profile)
         return {"cache_version": CACHE_VERSION, "experiment": settings,
                 "runs": [asdict(run) for run in self.plan(profile)], "profile": sizes}
