@@ -236,13 +236,15 @@ def _run_table(result: ExperimentResult, window: int) -> pd.DataFrame:
 
 
 def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *, margin: float = 0.05,
-            direction: str = "less", log: bool = True, **where: object) -> PairedTest:
+            direction: str = "less", log: bool = True, pair_by: Sequence[str] = ("seed",),
+            **where: object) -> PairedTest:
     """Claim "``treatment`` moves ``column`` in ``direction`` relative to ``baseline``", tested on
     the runs of :func:`run_table` paired by seed (:func:`scalelong_edu.stats.paired_test`).
 
     ``where`` selects a setting (e.g. ``backbone="uvit", N=8``); within it, each method must have
-    exactly one run per seed, and both methods the same seeds. ``log=True`` (norms, losses,
-    oscillations, distances: positive quantities whose effects are multiplicative) tests
+    exactly one run per ``pair_by`` key, and both methods the same keys. ``pair_by=("N", "seed")``
+    pools several depths, each (depth, seed) one pair of independent runs. ``log=True`` (norms,
+    losses, oscillations, distances: positive quantities whose effects are multiplicative) tests
     ``log(treatment / baseline)`` with margin ``log(1 + margin)``: ``margin=0.05`` declares that an
     effect smaller than 5% of the baseline does not matter. ``log=False`` tests the difference
     with ``margin`` in the column's units.
@@ -254,16 +256,18 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
     import numpy as np
 
     rows = select(table, **where)
+    keys = list(pair_by)
     arms = {}
     for method in (baseline, treatment):
         mine = rows[rows.method == method]
         if mine.empty:
             raise ValueError(f"no runs of {method!r} with {where or 'any setting'}; methods: "
                              f"{list(dict.fromkeys(rows.method))}")
-        if mine.seed.duplicated().any():
+        if mine.duplicated(keys).any():
             raise ValueError(f"{method!r} has several runs with the same seed at {where or 'this setting'}: a pair "
-                             "must be one run each; select one setting (e.g. N=..., lr_scale=...) or one experiment")
-        arms[method] = mine.set_index("seed")
+                             "must be one run each; select one setting (e.g. N=..., lr_scale=...), one experiment, "
+                             "or pair by more keys (pair_by)")
+        arms[method] = mine.set_index(keys)
     if set(arms[baseline].index) != set(arms[treatment].index):
         raise ValueError(f"{treatment!r} and {baseline!r} do not have the same seeds "
                          f"({sorted(arms[treatment].index)} vs {sorted(arms[baseline].index)}): runs are paired by seed")

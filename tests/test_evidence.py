@@ -276,6 +276,10 @@ def test_compare_refuses_duplicated_unpaired_and_broken_runs():
     with pytest.raises(KeyError, match="no column 'depth'"):
         compare(table, "loss", "CS", depth=6)
     assert compare(table, "loss", "CS", N=6).n == 3
+    two_depths = pd.concat([table, table.assign(N=8)])
+    with pytest.raises(ValueError, match="pair_by"):
+        compare(two_depths, "loss", "CS")
+    assert compare(two_depths, "loss", "CS", pair_by=("N", "seed")).n == 6  # each (depth, seed) one pair
 
 
 def test_compare_breakdowns_pairs_each_setting_and_seed():
