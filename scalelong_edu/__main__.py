@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _command(args)
+    except KeyboardInterrupt as e:  # run_experiment's Interrupted says what is kept
+        print(f"\n{e or 'interrupted'}", file=sys.stderr)
+        return 130
     except (ValueError, RuntimeError, OSError) as e:
         if args.traceback:
             raise

@@ -364,7 +364,8 @@ def _mean_osc(frame: pd.DataFrame, column: str, window: int) -> float:
 @dataclass(frozen=True)
 class MethodSummary:
     """One method's value over seeds: its mean and interval (``None`` when fewer than two runs
-    finished) and how many of its runs diverged."""
+    finished) and how many of its runs diverged (:func:`by_method` counts a run whose value is
+    infinite with them)."""
 
     label: str
     summary: MeanSE | None
@@ -381,13 +382,18 @@ class MethodSummary:
 
 
 def by_method(table: pd.DataFrame, column: str) -> dict[str, MethodSummary]:
-    """``column`` of :func:`run_table` summarised per method (label order kept)."""
+    """``column`` of :func:`run_table` summarised per method (label order kept).
+
+    Only finite values are averaged. A run whose value is infinite blew up without tripping the
+    trainer's NaN guard: it counts as diverged, like the runs with a ``diverged_at`` step.
+    """
     if column not in table.columns:
         raise KeyError(f"no column {column!r}; run_table has {list(table.columns)}")
     out = {}
     for label, rows in table.groupby("label", sort=False):
         values = [v for v in rows[column] if v is not None and math.isfinite(v)]
-        diverged = int(rows.diverged_at.notna().sum())
+        diverged = sum(bool(stopped) or (v is not None and math.isinf(v))
+                       for stopped, v in zip(rows.diverged_at.notna(), rows[column]))
         out[label] = MethodSummary(label, mean_se(values) if len(values) >= 2 else None, diverged, len(rows))
     return out
 
@@ -421,9 +427,21 @@ def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[
     """How much ``column`` (a positive constant, e.g. ``c`` of :func:`feature_constants`) varies
     with each factor: for each name in ``factors``, the ratio of the largest to the smallest
     geometric mean of ``column`` over the groups of that factor. 1 means the factor does not
-    move it; the factor with the largest ratio drives the looseness of a one-constant bound."""
+    move it; the factor with the largest ratio drives the looseness of a one-constant bound.
+
+    NaN values (not measured) are left out of the means.
+
+    Raises:
+        ValueError: a value of ``column`` that is infinite or not > 0 (its log is not a number).
+    """
     import numpy as np
 
+    values = frame[column].to_numpy(dtype=float)
+    bad = np.isinf(values) | (values <= 0)
+    if bad.any():
+        raise ValueError(f"spread_by needs {column!r} finite and > 0, but {int(bad.sum())} of {len(values)} rows "
+                         f"are not (e.g. {values[bad][0]:g}): drop them first (e.g. the step-0 probes, "
+                         "frame[frame.step > 0])")
     logs = np.log(frame[column])
     return {f: float(np.exp(logs.groupby(frame[f]).mean().agg(["max", "min"]).diff().abs().iloc[-1])) for f in factors}
 
@@ -636,8 +654,8 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     ``NaN`` when the coefficients are all equal, which a flat line, kappa = 1, fits exactly).
     """
     y = torch.as_tensor(kappas, dtype=torch.float64)
-    if y.ndim != 1 or len(y) < 2 or not (y > 0).all():
-        raise ValueError(f"need at least two positive coefficients kappa_1 .. kappa_N, got {list(kappas)}")
+    if y.ndim != 1 or len(y) < 2 or not (torch.isfinite(y) & (y > 0)).all():
+        raise ValueError(f"need at least two positive finite coefficients kappa_1 .. kappa_N, got {list(kappas)}")
     y = y.log()
     x = torch.arange(len(y), dtype=torch.float64)
     slope = ((x - x.mean()) * (y - y.mean())).sum() / (x - x.mean()).square().sum()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import platform
 import shutil
@@ -41,14 +40,15 @@ from typing import Any, Callable
 import torch
 
 from . import __version__
-from .data import data_root, load_dataset
+from .data import data_root, dataset_info, load_dataset
 from .metrics import fcd, get_feature_classifier
 from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
-from .files import atomic_write, check_writable
+from .files import atomic_write, check_free_space, check_writable
 from .models import build_model, count_parameters
 from .probes import BatchNorms, ProbeRecorder, fixed_batch_loss, lipschitz, probe_batch, robustness, to_frame
 from .profiles import Profile, get_profile
 from .train import Callback, NonFiniteLossError, TrainConfig, Trainer, init_distributed, pick_device
+from .workers import peak_memory_mb, run_in_processes
 
 CACHE_VERSION = 2
 SUFFIX = ".json.gz"
@@ -141,15 +141,29 @@ class Experiment:
     def spec(self, profile: Profile) -> dict[str, Any]:
         """The full, JSON-able description that keys the cache: the runs as trained (seeds and
         learning rates resolved) and the profile's sizes."""
+        return {"cache_version": CACHE_VERSION, "experiment": self._settings(),
+                "runs": [asdict(run) for run in self.plan(profile)], "profile": self._sizes(profile)}
+
+    def run_key(self, run: RunSpec, profile: Profile) -> str:
+        """What identifies one run of :meth:`plan` whatever experiment trains it: the hash of its
+        settings (all but the legend label), the measurements and the profile's sizes. Every
+        partial-run file carries it."""
+        settings = {k: v for k, v in asdict(run).items() if k != "label"}
+        return spec_hash({"cache_version": CACHE_VERSION, "experiment": self._settings(),
+                          "profile": self._sizes(profile), "run": settings})
+
+    def _settings(self) -> dict[str, Any]:
         settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction")}
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
+        return settings
+
+    def _sizes(self, profile: Profile) -> dict[str, Any]:
         sizes = {k: v for k, v in profile.as_dict().items() if k not in ("lr", "stress_lr", "seeds", "seed_cap",
                                                                       "breakdown_loss")}
         sizes["steps"] = self.steps(profile)
-        return {"cache_version": CACHE_VERSION, "experiment": settings,
-                "runs": [asdict(run) for run in self.plan(profile)], "profile": sizes}
+        return sizes
 
 
 FD_SAMPLES = 128
@@ -463,29 +477,125 @@ def runs_dir(path: Path) -> Path:
     return path.parent / f"{_stem(path)}.runs"
 
 
-def finished_runs(plan: tuple[RunSpec, ...], path: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """The runs of ``plan`` (:meth:`Experiment.plan`) already trained towards ``path``, by index,
-    and why any partial file was unusable (a damaged file is skipped: its run is trained again)."""
+def partial_path(path: Path, i: int) -> Path:
+    """The file that keeps run ``i`` of the plan of the experiment cached at ``path``."""
+    return runs_dir(path) / f"{i}.json"
+
+
+class DamagedResultError(ValueError):
+    """A cached result file that cannot be trusted; the message says how to recompute it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during an experiment; the message says how many runs are kept and how to continue."""
+
+
+RECORD_FIELDS = {"label": str, "run": dict, "parameters": int, "wall_time_s": (int, float), "history": dict,
+                 "probes": dict}
+
+
+def _check_record(record: Any, run: dict[str, Any], steps: int, n_samples: int) -> dict[str, Any]:
+    """Raise a ValueError unless ``record`` is what :func:`train_run` writes for ``run`` (its JSON
+    form) under a spec of ``steps`` steps and ``n_samples`` samples: the fields and their types,
+    the run's own settings, a history of every step (fewer only if it diverged), the probes from
+    step 0 on, and every sample."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a run is a {type(record).__name__}, not an object")
+    for key, kind in RECORD_FIELDS.items():
+        if not isinstance(record.get(key), kind):
+            raise ValueError(f"run field {key!r} is missing or not {getattr(kind, '__name__', kind)}")
+    diverged = record.get("diverged_at")
+    if not (diverged is None or isinstance(diverged, int)):
+        raise ValueError("run field 'diverged_at' must be null or a step")
+    if record["run"] != run:
+        fields = sorted(k for k in {**run, **record["run"]} if record["run"].get(k) != run.get(k))
+        shown = ", ".join(f"{k} {record['run'].get(k)!r} (not {run.get(k)!r})" for k in fields)
+        raise ValueError(f"it holds another run than the spec's: {shown}")
+    trained = len(record["history"].get("loss", []))
+    if trained > steps or (diverged is None and trained != steps):
+        raise ValueError(f"its history has {trained} steps; the spec trains {steps}")
+    if record["probes"].get("step", [None])[0] != 0:
+        raise ValueError("it has no probes from step 0")
+    if diverged is None and len(record.get("samples") or []) != n_samples:
+        raise ValueError(f"it has {len(record.get('samples') or [])} samples; the spec draws {n_samples}")
+    return record
+
+
+def keep_run(file: Path, key: str, run: RunSpec, record: dict[str, Any]) -> None:
+    """Write one finished run to its partial-run file, with the key of the run it stands for
+    (:meth:`Experiment.run_key`) and this process's peak memory."""
+    saved = {"key": key, "run": asdict(run), "record": record, "peak_memory_mb": round(peak_memory_mb())}
+    atomic_write(file, lambda tmp: tmp.write_text(json.dumps(saved)))
+
+
+def read_run(file: Path, experiment: Experiment, profile: Profile, run: RunSpec) -> dict[str, Any]:
+    """A partial-run file's contents, checked against the run it must stand for: its key (files
+    written before keys existed are checked by content alone) and :func:`_check_record`."""
+    if file.is_dir():
+        raise ValueError("it is a folder, not a partial-run file: remove it")
+    saved = json.loads(file.read_text())
+    if not isinstance(saved, dict):
+        raise ValueError(f"it holds a {type(saved).__name__}, not an object")
+    if saved.get("key", experiment.run_key(run, profile)) != experiment.run_key(run, profile):
+        raise ValueError("it belongs to another run (another experiment, profile or setting: its key differs)")
+    expected = json.loads(json.dumps(asdict(run)))
+    if saved.get("run") != expected:
+        raise ValueError("it belongs to another run")
+    _check_record(saved.get("record"), expected, experiment.steps(profile), profile.n_samples)
+    return saved
+
+
+def finished_runs(experiment: Experiment, profile: Profile, path: Path | None = None
+                  ) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """The runs of ``experiment.plan(profile)`` already trained towards the result at ``path``
+    (default its cache path), by index, and why any partial file was unusable (a damaged file is
+    skipped: its run is trained again)."""
+    path = path or cache_path(experiment, profile)
     done, damaged = {}, []
-    for i, run in enumerate(plan):
-        file = runs_dir(path) / f"{i}.json"
+    for i, run in enumerate(experiment.plan(profile)):
+        file = partial_path(path, i)
         if not file.exists():
             continue
         try:
-            saved = json.loads(file.read_text())
-            if saved["run"] != json.loads(json.dumps(asdict(run))):
-                raise ValueError("it belongs to another run")
-            done[i] = _check_record(saved["record"])
-        except (ValueError, KeyError, TypeError) as e:
+            done[i] = read_run(file, experiment, profile, run)["record"]
+        except (ValueError, KeyError, TypeError, OSError) as e:
             damaged.append(f"ignoring the damaged partial result {file} ({e}); training it again")
     return done, damaged
 
 
-def _train_alone(job: tuple[int, RunSpec, Experiment, Profile]) -> tuple[int, dict[str, Any]]:
-    """A worker process of ``run_experiment(..., workers=n)``: one run on one CPU thread."""
+def expected_bytes(experiment: Experiment, profile: Profile) -> int:
+    """About how large one partial-run file is: the per-step history (~40 bytes a step), the
+    samples as JSON integers and ~100 probe rows of ~50 bytes per evaluation (a generous estimate:
+    the main U-ViT run at the ``cpu`` profile estimates 0.65 MB and takes 0.58 MB)."""
+    steps = experiment.steps(profile)
+    evaluations = steps // profile.eval_every + 1
+    if experiment.early_probes:
+        every, until = experiment.early_probes
+        evaluations += min(until, steps) // every
+    pixels = profile.n_samples * dataset_info(profile.dataset).channels * profile.image_size ** 2
+    return 40 * steps + 4 * pixels + 5000 * evaluations
+
+
+def _check_outputs(path: Path, experiment: Experiment, profile: Profile, todo: list[int]) -> None:
+    """Fail now, not after hours of training, if the result or a partial-run file could not be
+    written or the disk cannot hold them (the partials left to write and a result of half their
+    size)."""
+    if todo:
+        needed = expected_bytes(experiment, profile) * (len(todo) + len(experiment.plan(profile)) // 2)
+        check_free_space(path, needed, f"the {len(todo)} runs of {experiment.name} left to train")
+    check_writable(path, "the experiment result")
+    if todo:
+        check_writable(partial_path(path, todo[0]), "the partial-run files")
+    folders = [partial_path(path, i) for i in todo if partial_path(path, i).is_dir()]
+    if folders:
+        raise IsADirectoryError(f"{folders[0]} is a folder where a partial-run file belongs: remove it and rerun")
+
+
+def _train_and_keep(run: RunSpec, experiment: Experiment, profile: Profile, file: Path, key: str) -> None:
+    """A worker process of ``run_experiment(..., workers=n)``: one run on one CPU thread, kept in
+    its partial-run file before the process exits."""
     torch.set_num_threads(1)
-    i, run, experiment, profile = job
-    return i, train_run(run, experiment, profile, torch.device("cpu"), progress=False)
+    keep_run(file, key, run, train_run(run, experiment, profile, torch.device("cpu"), progress=False))
 
 
 def run_experiment(
@@ -495,11 +605,11 @@ def run_experiment(
     """The experiment's result: from the cache when its spec matches, else trained now and cached.
 
     Every finished run is kept (``runs_dir``) until all are done, so a rerun after an
-    interruption trains only the missing ones; ``force=True`` trains everything again.
-    ``workers > 1`` trains that many runs at once on the CPU, each in its own process on one
-    thread: the small models of the ``cpu`` profile do not keep several threads busy, so on two
-    cores two one-thread runs get through a sweep faster than one run on both
-    (``benchmarks/cpu_throughput.py`` measures the ratio).
+    interruption (Ctrl-C raises :class:`Interrupted`, a KeyboardInterrupt that says what is kept)
+    trains only the missing ones; ``force=True`` trains everything again. ``workers > 1`` trains
+    that many runs at once on the CPU, each in its own process on one thread
+    (:mod:`scalelong_edu.workers`: a worker that dies costs its run only; the others go on, and
+    the call then raises, with every finished run kept).
     """
     experiment = get_experiment(name)
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
@@ -515,17 +625,20 @@ def run_experiment(
         if progress and rank == 0:
             print(f"[{experiment.name}] {text}", flush=True)
 
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder where the result of {name} belongs: move or remove it")
     if path.exists() and not force:
         result = load_result(path, experiment.name)
         say(f"loaded from the cache: {path.name}\n  {result.describe()}")
         return result
     dev = pick_device(device)
-    if rank == 0:  # fail now, not after hours of training
-        check_writable(path, "the experiment result")
     plan = experiment.plan(profile)
-    done, damaged = ({}, []) if force else finished_runs(plan, path)
+    done, damaged = ({}, []) if force else finished_runs(experiment, profile, path)
     for message in damaged:
         say(message)
+    todo = [i for i in range(len(plan)) if i not in done]
+    if rank == 0:
+        _check_outputs(path, experiment, profile, todo)
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -535,25 +648,19 @@ def run_experiment(
     if done:
         say(f"{len(done)} of {len(plan)} runs already done in {runs_dir(path)}; continuing")
     start, before = time.perf_counter(), sum(r["wall_time_s"] for r in done.values())
-
-    def keep(i: int, record: dict[str, Any]) -> None:
-        if rank == 0:
-            saved = {"run": asdict(plan[i]), "record": record}
-            atomic_write(runs_dir(path) / f"{i}.json", lambda tmp: tmp.write_text(json.dumps(saved)))
-        done[i] = record
-
-    todo = [i for i in range(len(plan)) if i not in done]
-    if workers > 1 and todo:
-        say(f"training {len(todo)} runs, {workers} at a time on one CPU thread each")
-        with mp.get_context("spawn").Pool(workers) as pool:
-            for i, record in pool.imap_unordered(_train_alone, [(i, plan[i], experiment, profile) for i in todo]):
-                say(f"run {i + 1}/{len(plan)} done: {plan[i].label}, seed {plan[i].seed}")
-                keep(i, record)
-    for i in todo:
-        if i not in done:
-            run = plan[i]
-            say(f"run {i + 1}/{len(plan)}: {run.label}, seed {run.seed}, lr {run.lr:g}")
-            keep(i, train_run(run, experiment, profile, dev, progress))
+    try:
+        if workers > 1 and todo:
+            _train_in_workers(experiment, profile, path, todo, workers, done, say)
+        for i in todo:
+            if i not in done:
+                run = plan[i]
+                say(f"run {i + 1}/{len(plan)}: {run.label}, seed {run.seed}, lr {run.lr:g}")
+                done[i] = train_run(run, experiment, profile, dev, progress)
+                if rank == 0:
+                    keep_run(partial_path(path, i), experiment.run_key(run, profile), run, done[i])
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {len(done)} of {len(plan)} runs kept in {runs_dir(path)}; "
+                          "rerun to continue") from None
     result.runs = [done[i] for i in range(len(plan))]
     result.provenance["wall_time_s"] = time.perf_counter() - start + before
     result.provenance["workers"] = workers
@@ -565,30 +672,39 @@ def run_experiment(
     return result
 
 
-class DamagedResultError(ValueError):
-    """A cached result file that cannot be trusted; the message says how to recompute it."""
+def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo: list[int], workers: int,
+                      done: dict[int, dict[str, Any]], say: Callable[[str], None]) -> None:
+    """Train the runs ``todo`` of ``experiment`` in worker processes, adding each finished one to
+    ``done``; raise once all are through if a worker died (its run is then trained by a rerun)."""
+    plan, cores = experiment.plan(profile), os.cpu_count() or 1
+    workers = min(workers, len(todo))
+    if workers > cores:
+        say(f"warning: {workers} workers on {cores} cores: they share the cores, and each holds its own copy "
+            "of the data and the model (its peak memory is shown as its run finishes)")
+    say(f"training {len(todo)} runs, {workers} at a time on one CPU thread each")
 
+    def finished(i: int) -> None:
+        saved = read_run(partial_path(path, i), experiment, profile, plan[i])
+        done[i] = saved["record"]
+        say(f"run {i + 1}/{len(plan)} done: {plan[i].label}, seed {plan[i].seed} "
+            f"({saved['peak_memory_mb']} MB peak memory)")
 
-RECORD_FIELDS = {"label": str, "run": dict, "parameters": int, "wall_time_s": (int, float), "history": dict,
-                 "probes": dict}
+    def lost(i: int, reason: str) -> None:
+        say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is lost: its worker {reason}")
 
-
-def _check_record(record: Any) -> dict[str, Any]:
-    """Raise a ValueError unless ``record`` has the fields and types :func:`train_run` writes."""
-    if not isinstance(record, dict):
-        raise ValueError(f"a run is a {type(record).__name__}, not an object")
-    for key, kind in RECORD_FIELDS.items():
-        if not isinstance(record.get(key), kind):
-            raise ValueError(f"run field {key!r} is missing or not {getattr(kind, '__name__', kind)}")
-    if not (record.get("diverged_at") is None or isinstance(record["diverged_at"], int)):
-        raise ValueError("run field 'diverged_at' must be null or a step")
-    if record["diverged_at"] is None and not isinstance(record.get("samples"), list):
-        raise ValueError(f"run {record['label']!r} finished but has no samples")
-    return record
+    jobs = [(i, (plan[i], experiment, profile, partial_path(path, i), experiment.run_key(plan[i], profile)))
+            for i in todo]
+    failed = run_in_processes(_train_and_keep, jobs, workers, finished, lost)
+    if failed:
+        runs = ", ".join(str(i + 1) for i in failed)
+        raise RuntimeError(f"{len(failed)} run(s) lost to a dead worker (run {runs}); {len(done)} of {len(plan)} "
+                           f"runs kept in {runs_dir(path)}: rerun to train the rest (with fewer --workers if "
+                           "memory ran out)")
 
 
 def load_result(path: str | Path, name: str | None = None) -> ExperimentResult:
-    """Read a cached result, checking its schema and that its stored spec hashes to its file name.
+    """Read a cached result, checking its schema, that its stored spec hashes to its file name and
+    that its runs are exactly the spec's runs (:func:`_check_record`).
 
     A damaged file raises :class:`DamagedResultError`, whose message says how to recompute it
     (``name``, default from the file name, is the experiment to name there).
@@ -601,12 +717,18 @@ def load_result(path: str | Path, name: str | None = None) -> ExperimentResult:
             raise ValueError("no 'spec' object")
         if not isinstance(data.get("provenance"), dict) or not isinstance(data.get("runs"), list):
             raise ValueError("no 'provenance' object or 'runs' list")
-        for record in data["runs"]:
-            _check_record(record)
         if _stem(path).rsplit("-", 1)[-1] != spec_hash(data["spec"]):
             raise ValueError("its stored spec does not hash to its file name (edited?)")
-    except (ValueError, UnicodeDecodeError, OSError, EOFError, zlib.error) as e:  # gzip raises the last three
-        raise DamagedResultError(
+        spec = data["spec"]
+        if len(data["runs"]) != len(spec["runs"]):
+            raise ValueError(f"it holds {len(data['runs'])} runs; its spec has {len(spec['runs'])}")
+        for i, (record, run) in enumerate(zip(data["runs"], spec["runs"])):
+            try:
+                _check_record(record, run, spec["profile"]["steps"], spec["profile"]["n_samples"])
+            except ValueError as e:
+                raise ValueError(f"run {i + 1}: {e}") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError, EOFError, zlib.error) as e:
+        raise DamagedResultError(  # gzip raises the last three
             f"cached result {path} is damaged: {e}; recompute it with "
             f"`python -m scalelong_edu run {name} --force` (or run_experiment({name!r}, force=True))"
         ) from e
@@ -616,11 +738,12 @@ def load_result(path: str | Path, name: str | None = None) -> ExperimentResult:
 def cache_status(experiment: Experiment, profile: Profile) -> str:
     """One phrase for ``python -m scalelong_edu list``: cached, damaged, partly done or nothing."""
     path = cache_path(experiment, profile)
-    if path.exists():
+    if path.is_file():
         try:
             return f"cached, {load_result(path, experiment.name).describe()}"
         except DamagedResultError as e:
             return f"DAMAGED ({e})"
-    plan = experiment.plan(profile)
-    done = len(finished_runs(plan, path)[0]) if runs_dir(path).is_dir() else 0
-    return f"{done} of {len(plan)} runs done" if done else "not cached"
+    if path.exists():
+        return f"BLOCKED ({path} is a folder where the result belongs: move or remove it)"
+    done = len(finished_runs(experiment, profile, path)[0]) if runs_dir(path).is_dir() else 0
+    return f"{done} of {len(experiment.plan(profile))} runs done" if done else "not cached"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -73,3 +75,16 @@ def check_writable(path: str | Path, what: str) -> Path:
             "choose a folder you can write to before training, so no work is lost"
         ) from e
     return path
+
+
+def check_free_space(path: str | Path, needed: int, what: str) -> None:
+    """Raise an OSError (ENOSPC) now if the file system that will hold ``path`` has fewer than
+    ``needed`` bytes free; ``what`` names the files in the message."""
+    folder = Path(path).absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"not enough space for {what} in {Path(path).parent}: about "
+                      f"{needed / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free; free some space, or choose another "
+                      "folder (SCALELONG_RESULTS for results, SCALELONG_DATA for data) before training")

@@ -158,8 +158,21 @@ def _parse(html: str) -> pd.DataFrame:
     return pd.DataFrame(parser.rows, columns=columns)
 
 
+def _cells(notebook: str | Path) -> list[dict]:
+    """The cells of a notebook file, or a ValueError naming the file when it is not a notebook."""
+    path = Path(notebook)
+    try:
+        content = json.loads(path.read_text())
+    except ValueError as error:  # not JSON, or not text
+        raise ValueError(f"{path} is not a notebook (not JSON: {error}): restore it (git checkout) and "
+                         "re-execute it") from None
+    if not (isinstance(content, dict) and isinstance(content.get("cells"), list)):
+        raise ValueError(f"{path} is not a notebook (no list of 'cells'): restore it (git checkout) and re-execute it")
+    return content["cells"]
+
+
 def _glued_html(notebook: str | Path) -> dict[str, str]:
-    cells = json.loads(Path(notebook).read_text())["cells"]
+    cells = _cells(notebook)
     return {output["metadata"]["scrapbook"]["name"]: "".join(output["data"][GLUE_MIME])
             for cell in cells for output in cell.get("outputs", [])
             if GLUE_MIME in output.get("data", {}) and "scrapbook" in output.get("metadata", {})}
@@ -177,8 +190,14 @@ def read_claims(notebook: str | Path) -> pd.DataFrame:
     """The claims table an executed chapter glued with :func:`publish`, with a ``chapter`` column.
 
     Raises:
-        ValueError: the notebook has no (or more than one) glued claims table.
+        ValueError: the file is not a notebook, or it has no (or more than one) glued claims table,
+            or the table has no ``verdict`` column or an unknown verdict.
     """
+    return _chapter_claims(notebook)[1]
+
+
+def _chapter_claims(notebook: str | Path) -> tuple[int, pd.DataFrame]:
+    """The chapter number of a notebook's glued claims table, and :func:`read_claims`'s table."""
     found = [(int(match[1]), _parse(html)) for name, html in _glued_html(notebook).items()
              if (match := NAME.match(name))]
     if len(found) != 1:
@@ -189,22 +208,40 @@ def read_claims(notebook: str | Path) -> pd.DataFrame:
         raise ValueError(f"{notebook}: its claims table has no 'verdict' column: re-execute it")
     if not set(table["verdict"]) <= set(VERDICTS):
         raise ValueError(f"{notebook}: unknown verdicts {set(table['verdict']) - set(VERDICTS)}")
-    return table.assign(chapter=chapter)[["chapter", *table.columns]]
+    return chapter, table.assign(chapter=chapter)[["chapter", *table.columns]]
 
 
-def collect(notebooks: Sequence[str | Path]) -> pd.DataFrame:
-    """Every claims table of ``notebooks``, in order: the ledger."""
+def collect(notebooks: str | Path | Sequence[str | Path]) -> pd.DataFrame:
+    """Every claims table of ``notebooks`` (one path or several), in order: the ledger.
+
+    Raises:
+        ValueError: no notebooks, a notebook :func:`read_claims` refuses, or two notebooks that
+            glue the claims of the same chapter.
+    """
     import pandas as pd
 
-    if not notebooks:
+    paths = [notebooks] if isinstance(notebooks, (str, Path)) else list(notebooks)
+    if not paths:
         raise ValueError("no chapter notebooks given: the ledger reads the executed chapters, so run it "
                          "in the book/ folder of a clone of the repository")
-    return pd.concat([read_claims(path) for path in notebooks], ignore_index=True)
+    tables, seen = [], {}
+    for path in paths:
+        chapter, table = _chapter_claims(path)
+        if chapter in seen:
+            raise ValueError(f"{seen[chapter]} and {path} both glue claims_ch{chapter}: a chapter publishes its claims "
+                             "once; pass each notebook once, or fix the chapter number one of them gives publish()")
+        seen[chapter] = path
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True)
 
 
 def tally(ledger: pd.DataFrame) -> pd.DataFrame:
     """How many claims of each chapter got each of the five verdicts, with the family size (the
     claims Holm-corrected together: those with a p-value); one row per chapter, plus a total."""
+    missing = [c for c in ("chapter", "verdict") if c not in ledger.columns]
+    if missing:
+        raise ValueError(f"the ledger has no {missing[0]!r} column (it has {list(ledger.columns)}): pass the table "
+                         "collect() returns")
     counts = ledger.groupby(["chapter", "verdict"]).size().unstack(fill_value=0)
     counts = counts.reindex(columns=list(VERDICTS), fill_value=0)
     counts["family"] = (ledger["p (Holm)"] != "").groupby(ledger.chapter).sum() if "p (Holm)" in ledger else 0

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from . import __version__
 from .data import data_root, dataset_info, load_dataset
-from .files import atomic_write
+from .files import atomic_write, check_writable
 
 FEATURE_DIM = 64  # width of the classifier's feature layer: the dimension of the FCD Gaussians
 TRAIN_STEPS = 1500  # default training budget of the feature classifier (batches of TRAIN_BATCH)
@@ -318,6 +318,7 @@ def get_feature_classifier(
         model = _load_cached(path, expected, device)
         if model is not None:
             return model
+    check_writable(path, "the feature classifier")  # before training it, not after
     model = _train_classifier(dataset, image_size, info.num_classes, train_steps, root, device, progress)
     state_dict = {k: v.cpu() for k, v in model.state_dict().items()}
     record = {**expected, "state_dict": state_dict, "accuracy": model.accuracy}

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .diffusion import DiscreteSchedule
+from .theory import check_number
 
 __all__ = ["RatioDraws", "RatioSummary", "noise_ratio", "x0_sq_ratios", "to_unit_range", "sample_noise_ratios",
            "ratio_of_means", "summarize_ratios", "predicted_ratio", "predicted_ratios", "compare_variants"]
@@ -150,6 +151,8 @@ def noise_ratio(x0: Tensor, alpha_bar: Tensor, noise: Tensor) -> Tensor:
     if not isinstance(noise, Tensor) or noise.shape != x0.shape:
         raise ValueError(f"noise must be a tensor of x0's shape {tuple(x0.shape)}, got "
                          f"{tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__}")
+    if not (noise.is_floating_point() and torch.isfinite(noise).all()):
+        raise ValueError("noise must be finite floating-point values (eps ~ N(0, I)), got NaN, inf or integers")
     eps_sq, xt_sq = _sq_norms(x0, alpha_bar, noise.detach().to(device="cpu", dtype=torch.float64))
     return eps_sq / xt_sq
 
@@ -221,28 +224,37 @@ def summarize_ratios(ratios: Tensor | Sequence[float], threshold: float = 5.0,
     """Mean, median, quantiles and the fraction strictly below ``threshold`` of a sample of ratios.
 
     ``inf`` (an all-zero image at ``abar = 1``) is allowed and counts as above any threshold; NaN is not.
+    A quantile that falls between two values of which the upper is ``inf`` is ``inf`` (linear
+    interpolation would give NaN), and one that falls on a value is that value.
     """
     values = np.asarray(ratios.detach().cpu() if isinstance(ratios, Tensor) else ratios, dtype=np.float64).ravel()
     if values.size == 0:
         raise ValueError("ratios is empty")
     if np.isnan(values).any() or (values < 0).any():
         raise ValueError("ratios must be >= 0 and not NaN")
-    if not (isinstance(threshold, numbers.Real) and math.isfinite(threshold)):
-        raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+    threshold = check_number(threshold, "threshold")
     qs = [float(q) for q in quantiles]
     if not all(0 <= q <= 1 for q in qs):
         raise ValueError(f"quantiles must lie in [0, 1], got {qs}")
     with np.errstate(invalid="ignore"):  # quantiles that interpolate towards an inf ratio
-        quantile_values = {q: float(np.quantile(values, q)) for q in qs}
+        quantile_values = {q: _quantile(values, q) for q in qs}
         median = float(np.median(values))
     return RatioSummary(
         n=int(values.size),
         mean=float(values.mean()),
         median=median,
         quantiles=quantile_values,
-        threshold=float(threshold),
+        threshold=threshold,
         frac_below=float((values < threshold).mean()),
     )
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    """``np.quantile`` (linear interpolation) of NaN-free ``values``. It is NaN only when the upper
+    neighbour of ``q`` is ``inf`` (``inf - inf`` or ``0 * inf``); the quantile is then that upper
+    neighbour: ``inf``, or the value ``q`` falls on exactly."""
+    value = float(np.quantile(values, q))
+    return float(np.quantile(values, q, method="higher")) if math.isnan(value) else value
 
 
 # -- the large-m prediction ---------------------------------------------------------------------------
@@ -299,6 +311,8 @@ def compare_variants(images: Tensor, schedules: Mapping[str, DiscreteSchedule],
         raise ValueError(f"ranges must be a non-empty choice of '[-1,1]' and '[0,1]', got {list(ranges)}")
     if not schedules:
         raise ValueError("schedules is empty")
+    if isinstance(t_mins, (str, bytes)) or np.ndim(t_mins) != 1 or len(t_mins) == 0:
+        raise ValueError(f"t_mins must be a non-empty sequence of smallest DDPM times (e.g. (1,)), got {t_mins!r}")
     rows: list[dict[str, float | str]] = []
     for data_range in ranges:
         x0 = _check_images(images) if data_range == "[-1,1]" else to_unit_range(_check_images(images))

@@ -26,7 +26,7 @@ from .evidence import BREAKDOWN_LOSS, MethodSummary, by_method, compare, select
 from .models import PRESETS
 from .scaling import path_factors
 from .stats import RateTest, mean_se, paired_rates
-from .theory import sum_kappa_squared
+from .theory import check_number, sum_kappa_squared
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,6 +41,9 @@ counts as unstable (:func:`oscillation_limit`), even when its loss is fine."""
 def n_skips(run: dict, preset: str) -> int:
     """The number of long skips ``N`` of a run record's model (``run`` as cached: its
     ``model_overrides`` applied to the profile's ``preset``)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}: give the profile's preset for the run's backbone, "
+                         f"one of {', '.join(PRESETS)}")
     kwargs = {**PRESETS[preset][1], **dict(run["model_overrides"])}
     if "depth" in kwargs:
         return kwargs["depth"] // 2
@@ -88,20 +91,36 @@ def paired_differences(table: pd.DataFrame, column: str, baseline: str = "none",
     see the same batches, so most of what separates seeds cancels in the difference.
 
     Raises:
-        ValueError: a (setting, method, seed) with more than one run (e.g. two experiments that
-            share a setting in one table): a pair must be one run each.
+        ValueError: a (setting, method, seed) with more than one run (:func:`check_one_run_each`).
     """
+    check_one_run_each(table, by)
     keys = [*by, "seed"]
-    duplicated = table.duplicated([*keys, "method"], keep=False)
-    if duplicated.any():
-        first = table[duplicated].iloc[0]
-        raise ValueError(f"{duplicated.sum()} runs share a (setting, method, seed), e.g. {first.method!r}, seed "
-                         f"{first.seed} at {dict(first[list(by)])}: select one experiment or add the setting to by")
     base = table[table.method == baseline][[*keys, column]].rename(columns={column: "base"})
     if base.empty:
         raise ValueError(f"no runs of the baseline {baseline!r}; methods: {list(dict.fromkeys(table.method))}")
     pairs = table[table.method != baseline].merge(base, on=keys)
     return pairs.assign(diff=pairs[column] - pairs.base).drop(columns="base")
+
+
+def check_one_run_each(table: pd.DataFrame, by: Sequence[str]) -> None:
+    """A ValueError, naming the rows, when two rows of ``table`` share a setting ``by``, a method and
+    a seed (e.g. two experiments with a common setting in one table, or one result passed twice):
+    paired by seed, they would count as several pairs of one seed."""
+    keys = [*by, "method", "seed"]
+    missing = [k for k in keys if k not in table.columns]
+    if missing:
+        raise KeyError(f"no column {missing[0]!r}; the sweep table has {list(table.columns)}")
+    duplicated = table.duplicated(keys, keep=False)
+    if not duplicated.any():
+        return
+    first = table[duplicated].iloc[0]
+    same = table[duplicated & (table[keys] == first[keys]).all(axis=1)]
+    source = f" (experiments {list(same.experiment)})" if "experiment" in table.columns else ""
+    setting = "".join(f", {k}={first[k]}" for k in by)
+    raise ValueError(f"{int(duplicated.sum())} rows share a (setting, method, seed) with another row, e.g. rows "
+                     f"{list(same.index)}{source}: method {first.method!r}, seed {first.seed}{setting}; "
+                     "a pair must be one run each: select one experiment (select(table, experiment=...)) or add the "
+                     "setting that tells them apart to by (e.g. 'lr_scale')")
 
 
 def paired(table: pd.DataFrame, column: str, baseline: str = "none", by: Sequence[str] = ("backbone", "N"),
@@ -113,9 +132,13 @@ def paired(table: pd.DataFrame, column: str, baseline: str = "none", by: Sequenc
     baseline's, a ratio with ``log=True``, else the difference, with its 95% interval), ``p``,
     ``pairs``, ``verdict`` (before any family correction) and ``test`` (the
     :class:`scalelong_edu.stats.PairedTest`, for :func:`scalelong_edu.ledger.publish`).
+
+    Raises:
+        ValueError: a (setting, method, seed) with more than one run (:func:`check_one_run_each`).
     """
     import pandas as pd
 
+    check_one_run_each(table, by)
     rows = []
     for key, group in table.groupby(list(by), sort=False):
         where = dict(zip(by, key if isinstance(key, tuple) else (key,)))
@@ -160,6 +183,7 @@ def oscillation_limit(table: pd.DataFrame, factor: float = OSC_FACTOR) -> pd.Ser
     (chapter 8), so a run is compared with ordinary training of the same depth. ``NaN`` for a depth
     without a gentle run that has an oscillation (runs too short to measure one, as at the ``ci``
     profile): no run of that depth then counts as oscillating."""
+    factor = check_number(factor, "factor", 0, above=True, hint=" (times the gentle runs' median oscillation)")
     gentle = table[(table.lr_scale == 1) & table.feature_osc.notna()]
     medians = gentle.groupby("N").feature_osc.median()
     return (factor * medians).reindex(sorted(table.N.unique())).rename("osc_limit")
@@ -169,6 +193,8 @@ def unstable(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS, osc_limit: pd.S
     """Per run of :func:`scalelong_edu.evidence.run_table`: True when it diverged, ended with a loss of at least
     ``limit`` (it broke down), or, with ``osc_limit`` (a limit per ``N``, :func:`oscillation_limit`),
     its feature oscillation reached the limit of its depth."""
+    limit = check_number(limit, "limit", 0, above=True, hint=" (the final loss of a breakdown, e.g. the profile's "
+                         "breakdown_loss)")
     out = table.diverged_at.notna() | (table.loss >= limit)
     if osc_limit is None:
         return out
@@ -212,6 +238,6 @@ def stability_verdict(table: pd.DataFrame, method: str, baseline: str = "none", 
     return f"{a}/{n} vs {b}/{n} unstable, McNemar p = {test.p:.2g}", test
 
 
-__all__ = ["OSC_FACTOR", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired",
+__all__ = ["OSC_FACTOR", "check_one_run_each", "method_summary", "n_skips", "optimum", "oscillation_limit", "paired",
            "paired_differences", "select", "stability_map", "stability_verdict", "summarize",
            "sum_kappa2", "unstable"]

@@ -14,6 +14,7 @@ import math
 import numbers
 from typing import Sequence
 
+import numpy as np
 from torch import Tensor
 
 from .scaling import check_kappa, check_n_skips
@@ -25,8 +26,30 @@ SUM_KAPPA2_BAND = (1.22, 5.0)
 PAPER_KAPPA_RANGE = (0.5, 0.95)
 """The range of the CS base ``kappa`` the paper estimates from that band."""
 
-__all__ = ["SUM_KAPPA2_BAND", "PAPER_KAPPA_RANGE", "check_n_skips", "check_band", "sum_kappa_squared",
+__all__ = ["SUM_KAPPA2_BAND", "PAPER_KAPPA_RANGE", "check_n_skips", "check_band", "check_number", "sum_kappa_squared",
            "cs_sum_kappa_squared", "cs_kappa_range", "expected_xt_sq_ratio", "tail_sums", "robustness_factor"]
+
+
+def _scalar(value: object) -> float | None:
+    """``value`` as a float when it is one real number (a Python or numpy scalar, a 0-d array or
+    tensor; a bool is not a number here), else ``None``."""
+    if isinstance(value, (np.ndarray, Tensor)) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def check_number(value: object, name: str, minimum: float = -math.inf, *, above: bool = False,
+                 hint: str = "") -> float:
+    """``value`` as a float if it is one finite real number (a Python or numpy scalar, or a 0-d array
+    or tensor) of at least ``minimum`` (above it with ``above=True``), else a ValueError naming ``name``
+    (``hint`` says what the number is)."""
+    number = _scalar(value)
+    if number is None or not math.isfinite(number) or number < minimum or (above and number == minimum):
+        bound = f" {'>' if above else '>='} {minimum:g}" if math.isfinite(minimum) else ""
+        raise ValueError(f"{name} must be a finite number{bound}{hint}, got {value!r}")
+    return number
 
 
 def sum_kappa_squared(kappas: Sequence[float] | Tensor) -> float:
@@ -69,9 +92,29 @@ def robustness_factor(kappas: Sequence[float] | Tensor, m0: float) -> float:
     through skip ``i`` passes ``i`` of them each way, hence the power. Standard UNet
     (``kappa_i = 1``) gives ``sum_i M_0^i``, of order ``N M_0^N`` when ``M_0 >= 1``.
     """
-    if isinstance(m0, bool) or not isinstance(m0, numbers.Real) or not (math.isfinite(m0) and m0 > 0):
-        raise ValueError(f"m0 must be a finite number > 0 (a Lipschitz factor), got {m0!r}")
-    return math.fsum(k * float(m0) ** i for i, k in enumerate(_floats(kappas), start=1))
+    m0 = check_number(m0, "m0", 0, above=True, hint=" (a Lipschitz factor)")
+    return math.fsum(k * m0**i for i, k in enumerate(_floats(kappas), start=1))
+
+
+def _check_alpha_bar(alpha_bar: float | Tensor | np.ndarray) -> float | Tensor | np.ndarray:
+    """``alpha_bar`` (a float for one number, else the tensor or array itself), or a ValueError
+    unless every value is a real number in [0, 1]."""
+    number = _scalar(alpha_bar) if not isinstance(alpha_bar, Tensor) else None
+    if number is not None:
+        values, out = np.asarray([number]), number
+    elif isinstance(alpha_bar, Tensor):
+        values, out = alpha_bar.detach().cpu(), alpha_bar
+        values = (values.double() if values.dtype.is_floating_point else values).numpy()
+    elif isinstance(alpha_bar, np.ndarray):
+        values, out = alpha_bar, alpha_bar
+    else:
+        values = out = None
+    if values is None or values.dtype.kind not in "fiu":
+        raise ValueError(f"alpha_bar must be a number, tensor or array of abar_t in [0, 1], got {alpha_bar!r}")
+    bad = values[~((values >= 0) & (values <= 1))]
+    if bad.size:
+        raise ValueError(f"alpha_bar must lie in [0, 1] (abar_t of a noise schedule), got {float(bad.flat[0]):.6g}")
+    return out
 
 
 def expected_xt_sq_ratio(alpha_bar: float | Tensor, x0_sq_ratio: float) -> float | Tensor:
@@ -80,9 +123,11 @@ def expected_xt_sq_ratio(alpha_bar: float | Tensor, x0_sq_ratio: float) -> float
     With ``x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps`` and ``eps ~ N(0, I)`` independent of
     ``x_0``, the cross term has mean zero and ``E||eps||^2 = m``. ``x0_sq_ratio`` is the data's
     ``E ||x_0||^2 / m`` (1/3 for uniform pixels in [-1, 1]; larger for mostly-black digits).
+    ``alpha_bar`` is one number in [0, 1] (Python or numpy) or a tensor or array of them, which
+    the result then broadcasts over.
     """
-    if not (isinstance(x0_sq_ratio, (int, float)) and math.isfinite(x0_sq_ratio) and x0_sq_ratio >= 0):
-        raise ValueError(f"x0_sq_ratio must be a finite number >= 0, got {x0_sq_ratio!r}")
+    x0_sq_ratio = check_number(x0_sq_ratio, "x0_sq_ratio", 0)
+    alpha_bar = _check_alpha_bar(alpha_bar)
     return alpha_bar * x0_sq_ratio + (1 - alpha_bar)
 
 

@@ -219,6 +219,15 @@ def test_by_method_counts_diverged_runs_and_keeps_label_order():
     assert format(ls, ".2f") == f"2.00 [{lo:.2f}, {hi:.2f}]"
 
 
+def test_by_method_counts_an_infinite_value_as_a_divergence_not_a_silent_drop():
+    table = _table([("LS", 0, None, 0.2), ("LS", 1, None, 0.3), ("LS", 2, None, math.inf), ("none", 0, None, 0.2),
+                    ("none", 1, 4, math.inf), ("none", 2, None, 0.4)])
+    ls, none = by_method(table, "loss").values()
+    assert (ls.diverged, ls.runs, ls.summary.values) == (1, 3, (0.2, 0.3))
+    assert format(ls, ".2f").endswith(", 1 of 3 diverged")
+    assert none.diverged == 1  # already diverged: counted once
+
+
 def test_by_method_rejects_an_unknown_column():
     with pytest.raises(KeyError, match="no column 'fid'"):
         by_method(_table([("LS", 0, None, 1.0)]), "fid")
@@ -322,6 +331,15 @@ def test_spread_by_is_the_ratio_of_geometric_means():
     assert spread == {"method": pytest.approx(2.0), "skip": pytest.approx(4.0)}
     frame["c"] = 3.0
     assert spread_by(frame, "c", ["method"]) == {"method": pytest.approx(1.0)}
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf])
+def test_spread_by_refuses_a_constant_that_is_not_positive_and_finite(bad):
+    import pandas as pd
+
+    frame = pd.DataFrame({"method": ["A", "A", "B", "B"], "c": [1.0, bad, 2.0, 2.0]})
+    with pytest.raises(ValueError, match=r"spread_by needs 'c' finite and > 0, but 1 of 4 rows are not"):
+        spread_by(frame, "c", ["method"])
 
 
 # -- theorem constants and ranges -------------------------------------------------------------------
@@ -523,7 +541,7 @@ def test_geometric_fit_recovers_cs_and_measures_departures():
     assert r2 < 0.2
     assert evidence.geometric_fit([0.7, 0.7, 0.7])[0] == pytest.approx(1) and math.isnan(
         evidence.geometric_fit([0.7, 0.7, 0.7])[2])
-    for bad in ([1.0], [1.0, 0.0], [[1.0, 0.5]]):
+    for bad in ([1.0], [1.0, 0.0], [[1.0, 0.5]], [1.0, math.inf], [math.nan, 0.5]):
         with pytest.raises(ValueError, match="two positive"):
             evidence.geometric_fit(bad)
 

@@ -3,6 +3,8 @@
 import gzip
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -289,16 +291,97 @@ def test_workers_are_refused_where_they_cannot_work(tmp_results):
         ex.run_experiment("quick", TINY, workers=2, device="cuda")
 
 
+def keep(path, i, record, run, key=None, profile=TINY):
+    """Write ``record`` as partial run ``i`` of the quick experiment (a file of today's format)."""
+    ex.runs_dir(path).mkdir(exist_ok=True)
+    ex.keep_run(ex.partial_path(path, i), key or QUICK.run_key(run, profile), run, record)
+
+
 def test_finished_runs_ignore_a_partial_file_of_another_run(tmp_results):
     plan = QUICK.plan(TINY)
     path = ex.cache_path(QUICK, TINY)
-    record = {"label": "none", "run": {}, "parameters": 1, "wall_time_s": 0.0, "history": {}, "probes": {},
-              "diverged_at": 1}
-    ex.runs_dir(path).mkdir()
+    record = ex.train_run(plan[0], QUICK, TINY, progress=False)
     for i in (0, 1):
-        (ex.runs_dir(path) / f"{i}.json").write_text(json.dumps({"run": asdict(plan[0]), "record": record}))
-    done, damaged = ex.finished_runs(plan, path)
+        keep(path, i, record, plan[0])
+    done, damaged = ex.finished_runs(QUICK, TINY)
     assert list(done) == [0] and len(damaged) == 1 and "1.json" in damaged[0] and "belongs to another run" in damaged[0]
+
+
+def test_a_partial_run_is_checked_against_the_run_it_stands_for(tmp_results):
+    """Issue 19, case 6: a partial of another profile, one whose record is another seed's, one
+    with no history or probes, and a folder in a partial's place are all refused, saying why."""
+    plan, path = QUICK.plan(TINY), ex.cache_path(QUICK, TINY)
+    record = ex.train_run(plan[0], QUICK, TINY, progress=False)
+    keep(path, 0, record, plan[0], key=QUICK.run_key(plan[0], replace(TINY, steps=10)))  # another profile's
+    old_format = {"run": asdict(plan[1]), "record": {**record, "run": asdict(plan[1]), "history": {}}}
+    ex.partial_path(path, 1).write_text(json.dumps(old_format))  # no key, and an empty history
+    done, damaged = ex.finished_runs(QUICK, TINY)
+    assert done == {} and "its key differs" in damaged[0] and "history has 0 steps; the spec trains 4" in damaged[1]
+
+    two_seeds = replace(TINY, seeds=2)
+    plan2, path2 = QUICK.plan(two_seeds), ex.cache_path(QUICK, two_seeds)
+    other_seed = {"run": asdict(plan2[2]), "record": {**record, "run": asdict(plan2[0])}}
+    ex.runs_dir(path2).mkdir()
+    ex.partial_path(path2, 2).write_text(json.dumps(other_seed))
+    ex.partial_path(path2, 3).mkdir()
+    done, damaged = ex.finished_runs(QUICK, two_seeds)
+    assert done == {} and "another run than the spec's: seed 0 (not 1)" in damaged[0]
+    assert "3.json (it is a folder, not a partial-run file: remove it)" in damaged[1]
+    with pytest.raises(IsADirectoryError, match="3.json is a folder where a partial-run file belongs: remove it"):
+        ex.run_experiment("quick", two_seeds, progress=False)
+    good = ex.train_run(plan[0], QUICK, TINY, progress=False)
+    keep(path, 0, good, plan[0])
+    assert list(ex.finished_runs(QUICK, TINY)[0]) == [0]
+    assert json.loads(ex.partial_path(path, 0).read_text())["key"] == QUICK.run_key(plan[0], TINY)
+
+
+def test_runs_of_a_result_file_are_the_runs_of_its_spec(tmp_results):
+    """Issue 19, case 7: every seed set to 0, a run dropped, another experiment's runs: refused."""
+    result = ex.run_experiment("quick", replace(TINY, seeds=2), progress=False)
+    data = read_gzip(result.path)
+    edits = {
+        "another run than the spec's: seed 0 (not 1)": lambda d: [r["run"].update(seed=0) for r in d["runs"]],
+        "it holds 3 runs; its spec has 4": lambda d: d["runs"].pop(),
+        "another run than the spec's: label": lambda d: [r["run"].update(label="other") for r in d["runs"]],
+    }
+    for why, edit in edits.items():
+        edited = json.loads(json.dumps(data))
+        edit(edited)
+        write_gzip(result.path, json.dumps(edited))
+        with pytest.raises(ex.DamagedResultError, match=f"damaged: (run [0-9]: )?(it holds )?{re.escape(why)}.*--force"):
+            ex.load_result(result.path)
+
+
+def test_every_committed_result_passes_the_load_checks():
+    """The stricter checks keep every cached result of the book usable."""
+    folder = Path(__file__).parents[1] / "data" / "results"
+    for path in sorted(folder.glob(f"*{ex.SUFFIX}")):
+        assert ex.load_result(path).runs
+
+
+def test_outputs_are_checked_before_training(tmp_path, monkeypatch):
+    """Issue 19, cases 2, 3 and 14: a full disk, a runs folder that cannot be created and a folder
+    where the result belongs all fail before any training, naming the path."""
+    monkeypatch.setattr(ex, "train_run", lambda *a, **k: pytest.fail("must fail before training"))
+    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
+    path = ex.cache_path(QUICK, TINY)
+    with monkeypatch.context() as m:
+        m.setattr("shutil.disk_usage", lambda folder: FULL)
+        with pytest.raises(OSError, match=re.escape(f"not enough space for the 2 runs of quick left to train in "
+                                                    f"{tmp_path}: about 0.1 MB needed, 0.0 MB free")):
+            ex.run_experiment("quick", TINY)
+    loop = ex.runs_dir(path)
+    loop.symlink_to(loop)  # a symlink loop where the runs folder belongs
+    with pytest.raises(PermissionError, match=f"cannot write the partial-run files {loop}"):
+        ex.run_experiment("quick", TINY)
+    loop.unlink()
+    path.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"{path} is a folder where the result of quick belongs: move"):
+        ex.run_experiment("quick", TINY)
+    assert "BLOCKED" in ex.cache_status(QUICK, TINY)
+
+
+FULL = shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000)
 
 
 def test_a_damaged_partial_run_is_trained_again(tmp_results, capsys):
@@ -315,7 +398,7 @@ GOOD = gzip.compress(b'{"spec": {}, "provenance": {}, "runs": []}' * 20)
 @pytest.mark.parametrize("content, why", [
     (gzip.compress(b'{"spec": {'), "Expecting"),
     (gzip.compress(b'{"spec":1,"provenance":2,"runs":3}'), "no 'spec' object"),
-    (gzip.compress(b'{"spec":{},"provenance":{},"runs":[{"label": "none"}]}'), "run field 'run'"),
+    (gzip.compress(b'{"spec":{},"provenance":{},"runs":[{"label": "none"}]}'), "its stored spec does not hash"),
     (GOOD[: len(GOOD) // 2], "Compressed file ended"),  # truncated, as by a full disk
     (GOOD[:-8] + b"\0" * 8, "CRC check failed"),
     (b'{"spec": {}, "provenance": {}, "runs": []}', "Not a gzipped file"),  # a result of cache version 1

@@ -93,6 +93,40 @@ def test_a_chapter_must_glue_exactly_one_claims_table(tmp_path):
         ledger.glued_table(notebook(tmp_path, []), "ledger")
 
 
+@pytest.mark.parametrize("content, match", [("{not json", "is not a notebook \\(not JSON"),
+                                            ("[1, 2]", "is not a notebook \\(no list of 'cells'\\)"),
+                                            ('{"cells": 3}', "is not a notebook \\(no list")])
+def test_a_file_that_is_not_a_notebook_is_named(tmp_path, content, match):
+    path = tmp_path / "broken.ipynb"
+    path.write_text(content)
+    for read in (ledger.read_claims, ledger.collect, lambda p: ledger.glued_table(p, "ledger")):
+        with pytest.raises(ValueError, match=f"broken.ipynb {match}"):
+            read(path)
+
+
+def test_collect_accepts_one_notebook_as_a_string_or_a_path(tmp_path):
+    path = notebook(tmp_path, [glue_output("claims_ch6", claims_table(CLAIMS))])
+    expected = ledger.collect([path])
+    pd.testing.assert_frame_equal(ledger.collect(str(path)), expected)
+    pd.testing.assert_frame_equal(ledger.collect(path), expected)
+
+
+def test_collect_refuses_two_notebooks_with_the_claims_of_one_chapter(tmp_path):
+    first = notebook(tmp_path, [glue_output("claims_ch3", claims_table(CLAIMS))], "03_a.ipynb")
+    second = notebook(tmp_path, [glue_output("claims_ch3", claims_table(CLAIMS))], "03_b.ipynb")
+    with pytest.raises(ValueError, match=r"03_a.ipynb and .*03_b.ipynb both glue claims_ch3"):
+        ledger.collect([first, second])
+    with pytest.raises(ValueError, match="pass each notebook once"):
+        ledger.collect([first, first])
+
+
+def test_tally_needs_the_ledgers_chapter_and_verdict_columns():
+    with pytest.raises(ValueError, match="the ledger has no 'verdict' column.*collect\\(\\) returns"):
+        ledger.tally(pd.DataFrame({"chapter": [1]}))
+    with pytest.raises(ValueError, match="no 'chapter' column"):
+        ledger.tally(claims_table(CLAIMS))
+
+
 def test_publish_refuses_claims_of_another_chapter():
     with pytest.raises(ValueError, match="chapter=7"):
         ledger.publish(7, CLAIMS)

@@ -373,3 +373,11 @@ def test_inception_fid_rejects_bad_images_before_loading_anything(monkeypatch):
         inception_fid(-torch.ones(4, 1, 8, 8), -torch.ones(4, 1, 16, 16))
     with pytest.raises(ValueError, match="scaled to"):
         inception_fid(-torch.ones(4, 1, 8, 8), torch.full((4, 1, 8, 8), 255.0))
+
+
+def test_an_unwritable_classifier_folder_fails_before_training(tmp_path, monkeypatch):
+    """Issue 19, case 3: the classifier's cache folder is checked before the classifier trains."""
+    (tmp_path / "classifiers").write_text("a file where the folder belongs")
+    monkeypatch.setattr(metrics, "_train_classifier", lambda *a, **k: pytest.fail("must fail before training"))
+    with pytest.raises(PermissionError, match=f"cannot write the feature classifier {tmp_path}/classifiers/"):
+        metrics.get_feature_classifier("digits8x8", root=tmp_path, progress=False)

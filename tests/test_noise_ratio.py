@@ -64,6 +64,9 @@ def test_noise_ratio_works_in_float64_for_float32_input():
     (torch.zeros(3), torch.zeros(3), torch.zeros(3), r"\(N, \.\.\.\)"),
     (torch.tensor([[0.0, math.nan]]), torch.zeros(1), torch.zeros(1, 2), "finite"),
     (torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2), torch.zeros(2, 3), "floating"),
+    (torch.zeros(2, 3), torch.zeros(2), torch.tensor([[0.0, math.nan, 1.0], [1.0, 1.0, 1.0]]), "noise must be finite"),
+    (torch.zeros(2, 3), torch.zeros(2), torch.full((2, 3), math.inf), "noise must be finite"),
+    (torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3, dtype=torch.int64), "noise must be finite floating-point"),
 ])
 def test_noise_ratio_rejects_bad_input(x0, abar, noise, match):
     with pytest.raises(ValueError, match=match):
@@ -173,6 +176,24 @@ def test_summary_counts_infinite_ratios_as_above_the_threshold():
     assert summary.frac_below == 0.5 and summary.mean == math.inf
 
 
+def test_summary_quantiles_towards_infinite_ratios_are_infinite_not_nan():
+    both = summarize_ratios([math.inf, math.inf])
+    assert both.median == math.inf and list(both.quantiles.values()) == [math.inf] * 4
+    assert summarize_ratios([1.0, math.inf], quantiles=(0.0, 0.25, 0.5, 1.0)).quantiles == {
+        0.0: 1.0, 0.25: math.inf, 0.5: math.inf, 1.0: math.inf}
+    on_a_value = summarize_ratios([1.0, 1.0, math.inf], quantiles=(0.5,))  # q = 0.5 falls on the second 1.0
+    assert on_a_value.quantiles == {0.5: 1.0} and on_a_value.median == 1.0
+    finite = summarize_ratios([1.0, 2.0, 3.0, 4.0], quantiles=(0.1, 0.9))  # finite samples: np.quantile itself
+    assert finite.quantiles == {0.1: float(np.quantile([1.0, 2.0, 3.0, 4.0], 0.1)),
+                                0.9: float(np.quantile([1.0, 2.0, 3.0, 4.0], 0.9))}
+
+
+@pytest.mark.parametrize("threshold", [np.float32(5.0), np.array(5.0), torch.tensor(5.0), np.int64(5)])
+def test_summary_accepts_numpy_and_0d_thresholds(threshold):
+    summary = summarize_ratios([1.0, 6.0], threshold=threshold)
+    assert summary.threshold == 5.0 and type(summary.threshold) is float and summary.frac_below == 0.5
+
+
 @pytest.mark.parametrize("ratios, kwargs, match", [
     ([], {}, "empty"), ([1.0, math.nan], {}, "NaN"), ([-1.0], {}, ">= 0"),
     ([1.0], dict(threshold=math.inf), "threshold"), ([1.0], dict(threshold="5"), "threshold"),
@@ -253,10 +274,13 @@ def test_compare_variants_rows_and_what_they_show():
     for row in rows:
         assert row["mean"] >= row["ratio_of_means"]
     assert compare_variants(images, sched, seed=3) == compare_variants(images, sched, seed=3)
+    assert compare_variants(images, sched, t_mins=np.array([1, 21]), draws=4, seed=0) == rows
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(ranges=("[0,255]",)), "ranges"), (dict(ranges=()), "ranges"),
-                                           (dict(schedules={}), "schedules")])
+                                           (dict(schedules={}), "schedules"), (dict(t_mins=[]), "t_mins"),
+                                           (dict(t_mins=()), "non-empty"), (dict(t_mins=1), "t_mins"),
+                                           (dict(t_mins="1"), "t_mins")])
 def test_compare_variants_rejects_bad_choices(kwargs, match):
     args = dict(schedules={"linear": linear_schedule(T=10)}) | kwargs
     with pytest.raises(ValueError, match=match):

@@ -168,5 +168,47 @@ def test_a_duplicated_setting_method_and_seed_is_an_error_not_more_pairs():
     doubled = pd.concat([table, table])  # e.g. one run in two experiments of the same table
     with pytest.raises(ValueError, match="share a"):
         sweeps.paired_differences(doubled, "loss", by=("N",))
-    with pytest.raises(ValueError, match="same seed"):
+    with pytest.raises(ValueError, match="share a"):
         sweeps.paired(doubled, "loss", by=("N",))
+
+
+def test_paired_names_the_rows_and_experiments_that_share_a_setting_method_and_seed():
+    one = pd.DataFrame({"experiment": "depth-uvit", "backbone": "uvit", "N": [8] * 4, "lr_scale": 1.0,
+                        "method": ["none", "CS"] * 2, "seed": [0, 0, 1, 1], "loss": [0.3, 0.2, 0.1, 0.05],
+                        "diverged_at": None, "broke_down": False})
+    both = pd.concat([one, one.assign(experiment="stability-map", lr_scale=4.0)], ignore_index=True)
+    message = (r"8 rows share a \(setting, method, seed\) with another row, e.g. rows \[0, 4\] \(experiments "
+               r"\['depth-uvit', 'stability-map'\]\): method 'none', seed 0, backbone=uvit, N=8; a pair must be one "
+               r"run each: select one experiment \(select\(table, experiment=...\)\) or add the setting")
+    with pytest.raises(ValueError, match=message):
+        sweeps.paired(both, "loss")
+    assert list(sweeps.paired(both, "loss", by=("backbone", "N", "lr_scale")).pairs) == [2, 2]  # told apart
+    with pytest.raises(KeyError, match="no column 'depth'"):
+        sweeps.paired(one, "loss", by=("depth",))
+
+
+@pytest.mark.parametrize("limit", [math.nan, math.inf, 0, -0.5, "0.5", None])
+def test_unstable_refuses_a_limit_that_is_not_a_positive_number(limit):
+    with pytest.raises(ValueError, match="limit must be a finite number > 0"):
+        sweeps.unstable(frame(MAP), limit=limit)
+    with pytest.raises(ValueError, match="limit must be a finite number > 0"):
+        sweeps.stability_map(frame(MAP), limit=limit)
+
+
+@pytest.mark.parametrize("factor", [-3, 0, math.nan, math.inf])
+def test_oscillation_limit_refuses_a_factor_that_is_not_a_positive_number(factor):
+    with pytest.raises(ValueError, match="factor must be a finite number > 0"):
+        sweeps.oscillation_limit(frame(MAP), factor=factor)
+
+
+def test_unstable_and_oscillation_limit_accept_numpy_numbers():
+    import numpy as np
+
+    table = frame(MAP)
+    assert list(sweeps.unstable(table, np.float32(0.5))) == list(sweeps.unstable(table))
+    assert sweeps.oscillation_limit(table, np.float64(3.0)).equals(sweeps.oscillation_limit(table))
+
+
+def test_n_skips_of_an_unknown_preset_says_which_presets_exist():
+    with pytest.raises(ValueError, match="unknown model preset 'nope'.*one of unet-ci, "):
+        sweeps.n_skips({"model_overrides": []}, "nope")

@@ -80,3 +80,31 @@ def test_expected_xt_sq_ratio_broadcasts_over_a_tensor_of_alpha_bars():
 def test_expected_xt_sq_ratio_rejects_a_bad_data_ratio(ratio):
     with pytest.raises(ValueError, match="x0_sq_ratio must be a finite number >= 0"):
         expected_xt_sq_ratio(0.5, ratio)
+
+
+@pytest.mark.parametrize("abar", [1.5, -0.1, math.nan, torch.tensor([0.2, 1.2]), np.array([0.5, -1.0])])
+def test_expected_xt_sq_ratio_rejects_an_alpha_bar_outside_zero_one(abar):
+    with pytest.raises(ValueError, match=r"alpha_bar must lie in \[0, 1\]"):
+        expected_xt_sq_ratio(abar, 0.3)
+
+
+@pytest.mark.parametrize("abar", ["0.5", None, True, [0.5], torch.tensor([True])])
+def test_expected_xt_sq_ratio_rejects_an_alpha_bar_that_is_not_numbers(abar):
+    with pytest.raises(ValueError, match="alpha_bar must be a number, tensor or array"):
+        expected_xt_sq_ratio(abar, 0.3)
+
+
+@pytest.mark.parametrize("abar, ratio", [(0.5, np.float32(0.25)), (np.float32(0.5), 0.25), (np.float64(0.5), 0.25),
+                                         (np.array(0.5), np.array(0.25)), (0.5, torch.tensor(0.25)),
+                                         (0.5, np.int64(0))])
+def test_expected_xt_sq_ratio_accepts_numpy_scalars_and_0d_values(abar, ratio):
+    assert expected_xt_sq_ratio(abar, ratio) == pytest.approx(0.5 * float(ratio) + 0.5)
+
+
+def test_expected_xt_sq_ratio_broadcasts_over_a_numpy_array():
+    assert expected_xt_sq_ratio(np.array([1.0, 0.0]), 0.6).tolist() == pytest.approx([0.6, 1.0])
+
+
+def test_robustness_factor_accepts_a_0d_m0():
+    assert robustness_factor([1.0, 1.0], np.array(2.0)) == 6.0
+    assert robustness_factor([1.0, 1.0], torch.tensor(2.0)) == 6.0
