@@ -582,7 +582,8 @@ def _check_outputs(path: Path, experiment: Experiment, profile: Profile, todo: l
     size)."""
     if todo:
         needed = expected_bytes(experiment, profile) * (len(todo) + len(experiment.plan(profile)) // 2)
-        check_free_space(path, needed, f"the {len(todo)} runs of {experiment.name} left to train")
+        check_free_space(path, needed, f"the {len(todo)} runs of {experiment.name} left to train",
+                         "set SCALELONG_RESULTS to a folder on another disk")
     check_writable(path, "the experiment result")
     if todo:
         check_writable(partial_path(path, todo[0]), "the partial-run files")

@@ -50,6 +50,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a vanished folder: name the file (the previous version stands)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -77,14 +79,14 @@ def check_writable(path: str | Path, what: str) -> Path:
     return path
 
 
-def check_free_space(path: str | Path, needed: int, what: str) -> None:
+def check_free_space(path: str | Path, needed: int, what: str, advice: str = "choose another path") -> None:
     """Raise an OSError (ENOSPC) now if the file system that will hold ``path`` has fewer than
-    ``needed`` bytes free; ``what`` names the files in the message."""
+    ``needed`` bytes free; ``what`` names the files in the message, ``advice`` the way out."""
     folder = Path(path).absolute().parent
     while not folder.exists():
         folder = folder.parent
     free = shutil.disk_usage(folder).free
     if free < needed:
         raise OSError(errno.ENOSPC, f"not enough space for {what} in {Path(path).parent}: about "
-                      f"{needed / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free; free some space, or choose another "
-                      "folder (SCALELONG_RESULTS for results, SCALELONG_DATA for data) before training")
+                      f"{needed / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free; free some space, or {advice}, "
+                      "before training")

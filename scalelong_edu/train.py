@@ -20,10 +20,11 @@ import hashlib
 import math
 import numbers
 import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,13 +33,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import __version__
 from .diffusion import Schedule, eps_loss
-from .files import atomic_write, check_writable
+from .files import atomic_write, check_free_space, check_writable
 from .scaling import SkipScaling
 
 CHECKPOINT_FORMAT = 2
 #: settings a checkpoint may be resumed with changed, when asked (``fit(..., new_settings=True)``)
 RESUMABLE_CHANGES = ("steps", "lr", "grad_clip", "warmup")
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+#: the fields of a checkpoint and the type each must have
+CHECKPOINT_FIELDS: dict[str, type] = {
+    "format": int, "version": str, "identity": dict, "spec": dict, "config": dict, "resumes": list, "step": int,
+    "model": dict, "ema": dict, "optimizer": dict, "lr_schedule": dict, "scaler": dict, "data_order": dict,
+    "rng": dict, "history": list,
+}
 
 
 @dataclass(frozen=True)
@@ -167,8 +174,9 @@ class NonFiniteLossError(FloatingPointError):
 
     Attributes:
         step: the step that failed.
-        checkpoint: the last checkpoint this trainer wrote or resumed from (finite by
-            construction: :meth:`Trainer.save` never writes non-finite state), or ``None``.
+        checkpoint: the last checkpoint this trainer wrote or resumed from (known to be finite:
+            :meth:`Trainer.save` never writes non-finite state and :meth:`Trainer.load` refuses
+            it), or ``None``.
     """
 
     def __init__(self, message: str, step: int, checkpoint: Path | None = None):
@@ -380,16 +388,21 @@ class Trainer:
     ) -> list[dict]:
         """Train until ``until`` steps are done (default ``config.steps``) and return the history.
 
-        With ``checkpoint``: check that it can be written before training, resume from it when
-        the file exists, save every ``checkpoint_every`` steps (0 = only at the end) and at the
-        end. ``new_settings=True`` resumes it with this trainer's ``steps``, ``lr``,
-        ``grad_clip`` and ``warmup`` where they differ from the checkpoint's (e.g. after a
-        divergence); the change is printed and kept in :attr:`resumes` and in later checkpoints.
+        With ``checkpoint``: check that it can be written and that its folder has room for it
+        (:meth:`checkpoint_size`) before training, resume from it when the file exists, save every
+        ``checkpoint_every`` steps (0 = only at the end) and at the end. ``new_settings=True``
+        resumes it with this trainer's ``steps``, ``lr``, ``grad_clip`` and ``warmup`` where they
+        differ from the checkpoint's (e.g. after a divergence); the change is printed and kept in
+        :attr:`resumes` and in later checkpoints. ``until`` may not pass ``config.steps``, so every
+        checkpoint's step lies within its settings.
         """
         until = self.config.steps if until is None else until
+        if isinstance(until, bool) or not isinstance(until, numbers.Integral) or not 0 <= until <= self.config.steps:
+            raise ValueError(f"until must be a whole number in [0, steps={self.config.steps}], got {until!r}")
         if checkpoint is not None:
             if self.rank == 0:
                 check_writable(checkpoint, "the checkpoint")
+                check_free_space(checkpoint, self.checkpoint_size(), "the checkpoint")
             if Path(checkpoint).exists():
                 self.load(checkpoint, new_settings=new_settings)
         bar = None
@@ -438,27 +451,51 @@ class Trainer:
             "history": self.history,
         }
 
+    def checkpoint_size(self) -> int:
+        """About how many bytes :meth:`save` writes, an upper estimate for a free-space check.
+
+        The model and its EMA copy, AdamW's two moments per parameter (``exp_avg``, ``exp_avg_sq``),
+        the data order and RNG states, plus headroom: 512 bytes per tensor (file headers), 256 bytes
+        per step of history and 64 KiB for the rest.
+        """
+        tensors = [*self.model.state_dict().values(), *self.ema.state_dict().values()]
+        params = list(self.model.parameters())
+        data = sum(t.numel() * t.element_size() for t in [*tensors, *params, *params])
+        data += 8 * len(self.images) + self.generator.get_state().numel() + torch.get_rng_state().numel()
+        return data + 512 * (len(tensors) + 3 * len(params)) + 256 * self.config.steps + 64 * 1024
+
     def _non_finite_state(self) -> list[str]:
         """Names of the model, EMA and optimizer tensors that hold NaN or infinity."""
-        named = [(f"model.{k}", v) for k, v in self.model.state_dict().items()]
-        named += [(f"ema.{k}", v) for k, v in self.ema.state_dict().items()]
-        named += [(f"optimizer.{i}.{k}", v) for i, s in self.optimizer.state.items() for k, v in s.items()]
-        return [name for name, v in named if torch.is_tensor(v) and v.is_floating_point() and not v.isfinite().all()]
+        return _non_finite(_named_tensors(self.model.state_dict(), self.ema.state_dict(), self.optimizer.state))
 
     def save(self, path: str | Path) -> None:
         """Write a checkpoint atomically (a temporary file, then a rename); rank 0 only.
 
         Non-finite state is never written: it raises :class:`NonFiniteLossError` and leaves the
-        previous checkpoint in place.
+        previous checkpoint in place. A write that fails (a full disk) raises an OSError that names
+        the file and the space it needs; the previous checkpoint stays in place, and this trainer
+        keeps its state, so ``save`` can be called again.
         """
         bad = self._non_finite_state()
         if bad:
             raise self._diverged(self.step, f"{len(bad)} tensors became non-finite ({', '.join(bad[:3])}, ...)")
         if self.rank == 0:
-            atomic_write(path, lambda tmp: torch.save(self.state_dict(), tmp))
+            try:
+                atomic_write(path, lambda tmp: _save_to_file(self.state_dict(), tmp))
+            except OSError as e:
+                raise self._write_failed(Path(path), e) from e
         if self.world > 1:
             dist.barrier()
         self.last_checkpoint = Path(path)
+
+    def _write_failed(self, path: Path, error: OSError) -> OSError:
+        kept = f"the previous checkpoint {path} is unchanged" if path.exists() else "no checkpoint was left there"
+        return OSError(
+            error.errno,
+            f"could not write the checkpoint {path} at step {self.step} ({error.strerror or error}); it needs about "
+            f"{_megabytes(self.checkpoint_size())}, {_free_space(path.parent)}; {kept}. Free some space or choose "
+            "another path, then call save() again: this trainer still holds its state",
+        )
 
     def load(self, path: str | Path, new_settings: bool = False) -> None:
         """Restore a checkpoint of this run written by :meth:`save`.
@@ -467,12 +504,19 @@ class Trainer:
         architecture, skip scaling, schedule, data, ``spec`` or optimisation settings. With
         ``new_settings=True`` the settings in :data:`RESUMABLE_CHANGES` may differ; this
         trainer's values then apply from the checkpoint's step on (see :meth:`fit`).
+
+        Refuses as well, naming the file and the field, a checkpoint that :func:`load_checkpoint`
+        finds damaged, or whose tensors do not fit this trainer: model or EMA tensors of other
+        shapes, Adam moments of other shapes, a data order that is not a permutation of the
+        images, RNG states of another size. Nothing is restored from a refused checkpoint.
         """
         state = load_checkpoint(path)
         saved_config, config = state["config"], asdict(self.config)
-        changed = {k: (saved_config.get(k), v) for k, v in config.items() if k != "log_every" and saved_config.get(k) != v}
+        changed = {k: (saved_config.get(k), v) for k, v in config.items()
+                   if k != "log_every" and saved_config.get(k) != v}
         allowed = set(RESUMABLE_CHANGES) if new_settings else set()
-        differences = [(k, state["identity"].get(k), v) for k, v in self.identity.items() if state["identity"].get(k) != v]
+        saved_identity = state["identity"]
+        differences = [(k, saved_identity.get(k), v) for k, v in self.identity.items() if saved_identity.get(k) != v]
         differences += [("spec", state["spec"], self.spec)] if state["spec"] != self.spec else []
         differences += [(k, old, new) for k, (old, new) in changed.items() if k not in allowed]
         if differences:
@@ -484,11 +528,20 @@ class Trainer:
                 f"checkpoint {path} belongs to a different run:\n{lines}\n"
                 f"Use another checkpoint path, or delete it to start over.{hint}"
             )
+        if state["step"] > self.config.steps:
+            raise ValueError(
+                f"checkpoint {path} is at step {state['step']}, past steps={self.config.steps} of this trainer: "
+                f"resume it with TrainConfig(steps >= {state['step']}, ...) and new_settings=True"
+            )
+        self._check_fits(path, state)
+        for field, part in (("lr_schedule", self.lr_schedule), ("scaler", self.scaler)):
+            try:
+                part.load_state_dict(state[field])
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise _damaged(path, field, f"does not load ({type(e).__name__}: {e})") from e
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.lr_schedule.load_state_dict(state["lr_schedule"])
-        self.scaler.load_state_dict(state["scaler"])
         self.perm, self.pos = state["data_order"]["perm"], state["data_order"]["pos"]
         self.generator.set_state(state["rng"]["generator"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -498,6 +551,21 @@ class Trainer:
         self.last_checkpoint = Path(path)
         if changed:
             self._apply_new_settings(path, changed)
+
+    def _check_fits(self, path: str | Path, state: dict[str, Any]) -> None:
+        """Raise, naming the field, unless the checkpoint's tensors fit this trainer's model and data."""
+        shapes = {k: v.shape for k, v in self.model.state_dict().items()}
+        _check_shapes(path, "model", state["model"], shapes)
+        _check_shapes(path, "ema", state["ema"], shapes)
+        _check_optimizer(path, state["optimizer"], self.optimizer)
+        _check_data_order(path, state["data_order"], len(self.images))
+        rng = state["rng"]
+        for name, now in (("generator", self.generator.get_state()), ("torch", torch.get_rng_state())):
+            saved = _field(path, rng, name, torch.Tensor, prefix="rng.")
+            if saved.dtype != torch.uint8 or saved.shape != now.shape:
+                raise _damaged(path, f"rng.{name}", f"is a {saved.dtype} tensor of shape {tuple(saved.shape)}, "
+                               f"not a torch.uint8 one of shape {tuple(now.shape)}")
+        _field(path, rng, "cuda", list, prefix="rng.")
 
     def _apply_new_settings(self, path: str | Path, changed: dict[str, tuple[Any, Any]]) -> None:
         """Give the restored optimizer and LR schedule this trainer's peak learning rate; log it."""
@@ -512,19 +580,153 @@ class Trainer:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint safely (``weights_only=True``) and check it is one of ours."""
+    """Read a checkpoint safely (``weights_only=True``) and check it is one of ours, whole and finite.
+
+    Refuses, naming the file and the field: another format, a missing field or one of the wrong
+    type (:data:`CHECKPOINT_FIELDS`), a ``step`` that is not a whole number in [0, its
+    ``config.steps``], and NaN or infinite model, EMA or optimizer tensors.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt or not a torch file
-        raise ValueError(f"checkpoint {path} is corrupt or incomplete ({type(e).__name__}: {e}); delete it and rerun") from e
+        raise ValueError(
+            f"checkpoint {path} is corrupt or incomplete ({type(e).__name__}: {e}); delete it and rerun"
+        ) from e
     if not isinstance(state, dict) or "format" not in state:
         raise ValueError(f"{path} is not a scalelong_edu checkpoint")
-    if state["format"] != CHECKPOINT_FORMAT:
+    if _field(path, state, "format", int) != CHECKPOINT_FORMAT:
         raise ValueError(
             f"checkpoint {path} has format {state['format']} (from version {state.get('version')}); this version "
             f"reads format {CHECKPOINT_FORMAT}: delete it and train again"
         )
+    for name, kind in CHECKPOINT_FIELDS.items():
+        _field(path, state, name, kind)
+    steps = _field(path, state["config"], "steps", int, prefix="config.")
+    if not 0 <= state["step"] <= steps:
+        raise _damaged(path, "step", f"is {state['step']}, outside [0, {steps}] (its config.steps)")
+    optimizer_state = _field(path, state["optimizer"], "state", dict, prefix="optimizer.")
+    for i in optimizer_state:
+        _field(path, optimizer_state, i, dict, prefix="optimizer.state.")
+    bad = _non_finite(_named_tensors(state["model"], state["ema"], optimizer_state))
+    if bad:
+        more = f", as do {len(bad) - 1} more tensors" if len(bad) > 1 else ""
+        raise _damaged(path, bad[0], f"holds NaN or infinite values{more}")
     return state
+
+
+def _damaged(path: str | Path, field: str, problem: str) -> ValueError:
+    return ValueError(f"checkpoint {path}: field {field!r} {problem}; delete it and train again")
+
+
+def _field(path: str | Path, parent: dict, name: Any, kind: type, prefix: str = "") -> Any:
+    """``parent[name]``, raising (naming ``prefix + name``) when it is missing or not a ``kind``."""
+    if name not in parent:
+        raise _damaged(path, f"{prefix}{name}", "is missing")
+    value = parent[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        problem = f"is {_short_repr(value)} of type {type(value).__name__}, not {kind.__name__}"
+        raise _damaged(path, f"{prefix}{name}", problem)
+    return value
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _named_tensors(model: dict, ema: dict, optimizer_state: dict) -> Iterable[tuple[str, Any]]:
+    """``(field, value)`` of the model, EMA and optimizer state, named as in a checkpoint."""
+    yield from ((f"model.{k}", v) for k, v in model.items())
+    yield from ((f"ema.{k}", v) for k, v in ema.items())
+    for i, moments in optimizer_state.items():
+        yield from ((f"optimizer.state.{i}.{k}", v) for k, v in moments.items())
+
+
+def _non_finite(named: Iterable[tuple[str, Any]]) -> list[str]:
+    """The names of the floating-point tensors among ``named`` that hold NaN or infinity."""
+    return [name for name, v in named if torch.is_tensor(v) and v.is_floating_point() and not v.isfinite().all()]
+
+
+def _check_shapes(path: str | Path, field: str, saved: dict, shapes: dict[str, torch.Size]) -> None:
+    """Raise unless ``saved`` holds exactly the tensors named in ``shapes``, of those shapes."""
+    for name, shape in shapes.items():
+        value = _field(path, saved, name, torch.Tensor, prefix=f"{field}.")
+        if value.shape != shape:
+            raise _damaged(path, f"{field}.{name}", f"has shape {tuple(value.shape)}; this model's is {tuple(shape)}")
+    extra = [name for name in saved if name not in shapes]
+    if extra:
+        raise _damaged(path, f"{field}.{extra[0]}", "is not a tensor of this model")
+
+
+def _check_optimizer(path: str | Path, saved: dict, optimizer: torch.optim.Optimizer) -> None:
+    """Raise unless ``saved`` has this optimizer's parameter groups and moments of its parameters' shapes."""
+    groups = _field(path, saved, "param_groups", list, prefix="optimizer.")
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    saved_sizes = [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else None
+                   for g in groups]
+    if saved_sizes != sizes:
+        raise _damaged(path, "optimizer.param_groups", f"does not hold groups of {sizes} parameters")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, moments in saved["state"].items():
+        if not isinstance(i, int) or not 0 <= i < len(params):
+            raise _damaged(path, f"optimizer.state.{i}", f"names no parameter (there are {len(params)})")
+        for name in ("exp_avg", "exp_avg_sq"):
+            value = _field(path, moments, name, torch.Tensor, prefix=f"optimizer.state.{i}.")
+            if value.shape != params[i].shape:
+                raise _damaged(path, f"optimizer.state.{i}.{name}",
+                               f"has shape {tuple(value.shape)}; its parameter's is {tuple(params[i].shape)}")
+
+
+def _check_data_order(path: str | Path, saved: dict, n_images: int) -> None:
+    """Raise unless ``saved`` is an epoch permutation of the ``n_images`` (or none yet) and a position in it."""
+    perm = _field(path, saved, "perm", torch.Tensor, prefix="data_order.")
+    empty = perm.shape == (0,)
+    if not empty and not (perm.dtype == torch.long and torch.equal(perm.sort().values, torch.arange(n_images))):
+        raise _damaged(path, "data_order.perm", f"is not a permutation of the {n_images} training images")
+    pos = _field(path, saved, "pos", int, prefix="data_order.")
+    if not 0 <= pos <= len(perm):
+        raise _damaged(path, "data_order.pos", f"is {pos}, outside [0, {len(perm)}] (the length of data_order.perm)")
+
+
+def _save_to_file(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` into ``path``; a failed write raises its own OSError (e.g. ENOSPC on a full disk).
+
+    Given a file name, torch reports a failed write as "[enforce fail at inline_container.cc]
+    unexpected pos"; written through a Python file, the OSError is kept and raised instead.
+    """
+    with open(path, "wb") as file:
+        writer = _KeepWriteError(file)
+        try:
+            torch.save(state, writer)
+        except RuntimeError:
+            if writer.error is None:
+                raise
+            raise writer.error from None
+
+
+class _KeepWriteError:
+    """A file for ``torch.save`` that remembers the OSError its last failed write raised."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _free_space(folder: Path) -> str:
+    return f"{folder} has {_megabytes(shutil.disk_usage(folder).free)} free"
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"

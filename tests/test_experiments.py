@@ -637,3 +637,20 @@ def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp
     assert len(first) == TINY.steps and all(torch.equal(x, y) for a, b in zip(first, second) for x, y in zip(a, b))
     probes = result.probes().query("probe == 'features' and block == 'a' and step == 0")
     assert probes[probes.label == "none"].value.tolist() == probes[probes.label == "LS"].value.tolist()
+
+
+def test_a_failed_write_names_its_file_and_keeps_the_previous_partial(tmp_results, monkeypatch):
+    """Issue 19, case 2: a full disk while a run is kept: the error names the file, the old stays."""
+    plan, path = QUICK.plan(TINY), ex.cache_path(QUICK, TINY)
+    record = ex.train_run(plan[0], QUICK, TINY, progress=False)
+    keep(path, 0, record, plan[0])
+    before = ex.partial_path(path, 0).read_text()
+
+    def full(self, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match=re.escape(f"[Errno 28] No space left on device: '{ex.partial_path(path, 0)}'")):
+        keep(path, 0, record, plan[0])
+    monkeypatch.undo()
+    assert ex.partial_path(path, 0).read_text() == before and len(list(ex.runs_dir(path).iterdir())) == 1

@@ -1,6 +1,9 @@
 """Tests of scalelong_edu.train: exact resume, seeds, NaN guard, checkpoints, callbacks, DDP."""
 
+import errno
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -218,7 +221,7 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
     good = path.read_bytes()
 
     def crash(obj, f, *a, **k):
-        Path(f).write_bytes(b"half a file")
+        f.write(b"half a file")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", crash)
@@ -306,3 +309,128 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-4)
     for k in single["model"]:
         torch.testing.assert_close(ddp["model"][k], single["model"][k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_full_disk_names_the_checkpoint_and_keeps_the_previous_one(tmp_path):
+    """The issue's case: fit(checkpoint=..., checkpoint_every=3) on a disk that is full at step 3.
+
+    The checkpoint's temporary file is made a link to /dev/full, where every write fails with ENOSPC.
+    """
+    path = tmp_path / "run.pt"
+    make_trainer().fit(until=2, checkpoint=path)
+    good = path.read_bytes()
+    (tmp_path / f".run.pt.{os.getpid()}.tmp").symlink_to("/dev/full")
+    tr = make_trainer()
+    with pytest.raises(OSError, match=f"could not write the checkpoint {re.escape(str(path))} at step 3 "
+                                      r"\(No space left on device\); it needs about .* MB, .* free; the previous "
+                                      "checkpoint .* is unchanged. Free some space or choose another path") as err:
+        tr.fit(checkpoint=path, checkpoint_every=3)
+    assert err.value.errno == errno.ENOSPC and "enforce fail" not in str(err.value)
+    assert path.read_bytes() == good and load_checkpoint(path)["step"] == 2
+    assert not list(tmp_path.glob(".*.tmp")) and tr.step == 3
+    tr.save(tmp_path / "elsewhere.pt")  # the trainer kept its steps
+    assert load_checkpoint(tmp_path / "elsewhere.pt")["step"] == 3
+
+
+def test_too_little_free_space_is_found_before_training(tmp_path, monkeypatch):
+    path = tmp_path / "run.pt"
+    tr = make_trainer()
+    needed = tr.checkpoint_size()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=needed - 1))
+    with pytest.raises(OSError, match=f"not enough space for the checkpoint in {re.escape(str(tmp_path))}: "
+                                      f"about {needed / 1e6:.1f} MB needed") as err:
+        tr.fit(checkpoint=path)
+    assert err.value.errno == errno.ENOSPC and tr.step == 0 and not path.exists()
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=needed))
+    tr.fit(checkpoint=path)
+    assert needed >= path.stat().st_size > needed / 2  # the estimate bounds the file, and not loosely
+
+
+def test_until_past_the_configured_steps_is_refused():
+    with pytest.raises(ValueError, match=r"until must be a whole number in \[0, steps=8\], got 9"):
+        make_trainer().fit(until=9)
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory):
+    """A checkpoint after 2 steps (so AdamW holds its moments), as a state to damage."""
+    path = tmp_path_factory.mktemp("good") / "run.pt"
+    make_trainer().fit(until=2, checkpoint=path)
+    return path
+
+
+def nan_at(field, key):
+    def edit(state):
+        state[field][key].view(-1)[0] = float("nan")
+    return edit
+
+
+def set_in(value, *keys):
+    def edit(state):
+        parent = state
+        for key in keys[:-1]:
+            parent = parent[key]
+        parent[keys[-1]] = value
+    return edit
+
+
+def drop(*keys):
+    def edit(state):
+        parent = state
+        for key in keys[:-1]:
+            parent = parent[key]
+        del parent[keys[-1]]
+    return edit
+
+
+def nan_moment(state):
+    state["optimizer"]["state"][0]["exp_avg_sq"][...] = float("inf")
+
+
+DAMAGES = {  # case 9: non-finite state and bad steps; case 12: wrong shapes, missing fields, bad order
+    "nan model": (nan_at("model", "pos_embed"), "field 'model.pos_embed' holds NaN or infinite values"),
+    "nan ema": (nan_at("ema", "pos_embed"), "field 'ema.pos_embed' holds NaN or infinite values"),
+    "inf moment": (nan_moment, "field 'optimizer.state.0.exp_avg_sq' holds NaN or infinite values"),
+    "negative step": (set_in(-5, "step"), r"field 'step' is -5, outside \[0, 8\] \(its config.steps\)"),
+    "float step": (set_in(2.0, "step"), "field 'step' is 2.0 of type float, not int"),
+    "format string": (set_in("2", "format"), "field 'format' is '2' of type str, not int"),
+    "missing ema": (drop("ema"), "field 'ema' is missing"),
+    "missing ema tensor": (drop("ema", "pos_embed"), "field 'ema.pos_embed' is missing"),
+    "wrong shape": (set_in(torch.zeros(1, 3, 5), "model", "pos_embed"),
+                    r"field 'model.pos_embed' has shape \(1, 3, 5\); this model's is \(1, \d+, \d+\)"),
+    "extra tensor": (set_in(torch.zeros(1), "model", "stray"), "field 'model.stray' is not a tensor of this model"),
+    "bad moment": (set_in(torch.zeros(3), "optimizer", "state", 0, "exp_avg"),
+                   r"field 'optimizer.state.0.exp_avg' has shape \(3,\); its parameter's is \(1, \d+, \d+\)"),
+    "moment of no parameter": (set_in({"exp_avg": torch.zeros(1)}, "optimizer", "state", 999),
+                               r"field 'optimizer.state.999' names no parameter \(there are \d+\)"),
+    "bad order": (set_in(torch.arange(100, 140), "data_order", "perm"),
+                  "field 'data_order.perm' is not a permutation of the 40 training images"),
+    "bad position": (set_in(99, "data_order", "pos"), r"field 'data_order.pos' is 99, outside \[0, 40\]"),
+    "bad rng": (set_in(torch.zeros(3, dtype=torch.uint8), "rng", "generator"),
+                r"field 'rng.generator' is a torch.uint8 tensor of shape \(3,\), not a torch.uint8 one of shape"),
+    "bad schedule": (set_in({"last_epoch": 2}, "lr_schedule"), "field 'lr_schedule' does not load .*KeyError"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_field(case, good_checkpoint, tmp_path):
+    edit, message = DAMAGES[case]
+    state = torch.load(good_checkpoint, weights_only=True)
+    edit(state)
+    path = tmp_path / "damaged.pt"
+    torch.save(state, path)
+    tr = make_trainer()
+    before = params(tr.model)
+    with pytest.raises(ValueError, match=f"^checkpoint {re.escape(str(path))}: {message}.*; delete it and train again"):
+        tr.load(path)
+    assert tr.step == 0 and tr.last_checkpoint is None  # so no divergence message vouches for it
+    assert all(torch.equal(a, b) for a, b in zip(before, params(tr.model)))
+
+
+def test_a_checkpoint_past_the_new_steps_is_refused(good_checkpoint):
+    short = TrainConfig(steps=1, batch_size=8, warmup=3, lr=1e-3, ema_decay=0.9)
+    message = r"at step 2, past steps=1 of this trainer: resume it with TrainConfig\(steps >= 2"
+    with pytest.raises(ValueError, match=message):
+        make_trainer(short).load(good_checkpoint, new_settings=True)
