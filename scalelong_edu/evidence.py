@@ -446,29 +446,6 @@ def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[
     return {f: float(np.exp(logs.groupby(frame[f]).mean().agg(["max", "min"]).diff().abs().iloc[-1])) for f in factors}
 
 
-def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
-    """Spearman's rank correlation of ``y`` with ``x`` over *independent* units (one value per run),
-    its two-sided p-value, and the verdict on "``y`` grows with ``x``" at the 5% level:
-    ``"reproduced"``, ``"contradicted"`` or ``"undecided"``. Below 10 points the p-value comes from
-    permutations (exact up to 7 points), since the usual approximation claims significance for a
-    perfect ranking of three; a constant series is no evidence either way. Never pass values of
-    one run at several skips or steps: they are not independent."""
-    import numpy as np
-    from scipy.stats import permutation_test, spearmanr
-
-    x, y = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
-    with warnings.catch_warnings():  # a constant series: rho is undefined (NaN), which we handle below
-        warnings.simplefilter("ignore")
-        rho, p = (float(v) for v in spearmanr(x, y))
-    if len(x) < 10 and math.isfinite(rho):  # few points: a permutation p-value, not the t approximation
-        test = permutation_test((x,), lambda xs: spearmanr(xs, y).statistic, permutation_type="pairings",
-                                n_resamples=math.inf if len(x) <= 7 else 9999, rng=0)
-        p = float(test.pvalue)
-    if not (math.isfinite(rho) and math.isfinite(p)) or p >= 0.05:  # constant or too few values: no evidence
-        return rho, p, "undecided"
-    return rho, p, "reproduced" if rho > 0 else "contradicted"
-
-
 def gradient_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     """The constant of Theorem 3.3's bound at every probe: ``g = ||grad b_i|| / (loss ||x_t||^2 S_i)``,
     with the fixed batch's loss and decoder-block gradient norms. Columns: ``label, seed, step,
@@ -669,4 +646,4 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary
            "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
            "features", "geometric_fit", "gradient_constants", "rate_text", "ratio_text", "robustness_table", "run_table",
            "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories",
-           "trajectory", "trend", "xt_norm_ratio"]
+           "trajectory", "xt_norm_ratio"]

@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .stats import VERDICTS, PairedTest, RateTest, holm
+from .stats import VERDICTS, PairedTest, RateTest, TrendTest, holm
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,8 +34,9 @@ COLUMNS = ["verdict", "the paper claims", "we measured", "margin", "p (Holm)", "
 class Claim:
     """One line of a chapter's claims table.
 
-    A claim that compares runs carries its ``test`` (:func:`scalelong_edu.stats.paired_test` or
-    :func:`~scalelong_edu.stats.paired_rates`, e.g. through :func:`scalelong_edu.evidence.compare`)
+    A claim that compares runs carries its ``test`` (:func:`scalelong_edu.stats.paired_test`,
+    :func:`~scalelong_edu.stats.paired_rates` or :func:`~scalelong_edu.stats.trend_test`, e.g.
+    through :func:`scalelong_edu.evidence.compare`)
     and its verdict comes from it, after :func:`publish` corrects the chapter's family. A claim
     decided by a declared rule on a measurement (a bound, a range) or not testable here gives its
     ``verdict`` instead (one of :data:`scalelong_edu.stats.VERDICTS`).
@@ -49,7 +50,7 @@ class Claim:
     paper: str
     measured: str
     verdict: str | None = None
-    test: PairedTest | RateTest | None = None
+    test: PairedTest | RateTest | TrendTest | None = None
     margin: str = ""
 
     def __post_init__(self):
@@ -64,7 +65,7 @@ class Claim:
         return self.test.verdict if self.test is not None else self.verdict
 
 
-def _p_text(test: PairedTest | RateTest | None) -> str:
+def _p_text(test: PairedTest | RateTest | TrendTest | None) -> str:
     if test is None:
         return ""
     adjusted = f" ({test.p_holm:.2g})" if test.p_holm is not None else ""
@@ -74,7 +75,7 @@ def _p_text(test: PairedTest | RateTest | None) -> str:
 def _seeds_text(claim: Claim) -> str:
     if claim.decided != "undecided" or claim.test is None:
         return ""
-    return str(claim.test.seeds_needed) if claim.test.seeds_needed is not None else "more seeds"
+    return str(claim.test.seeds_needed)
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:

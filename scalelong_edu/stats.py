@@ -288,7 +288,10 @@ class RateTest:
         margin: a rate the paper's effect would have to exceed to matter: *absent* when both
             arms' upper bounds lie below it. ``direction``: ``"less"`` (the treatment has fewer
             events) or ``"greater"``.
-        seeds_needed: not estimated for rates (``None``).
+    Properties: ``seeds_needed``, the runs per arm that would decide the claim: those a test of two
+    proportions needs for :data:`POWER` at the observed rates, or at rates ``margin`` apart if the
+    observed ones are closer (statsmodels' ``NormalIndPower`` on Cohen's h; it ignores the
+    pairing, so it errs on the side of more runs); ``verdict`` as for :class:`PairedTest`.
     """
 
     events: tuple[int, int]
@@ -298,7 +301,17 @@ class RateTest:
     margin: float
     direction: str
     p_holm: float | None = None
-    seeds_needed: None = None
+
+    @property
+    def seeds_needed(self) -> int:
+        from statsmodels.stats.power import NormalIndPower
+        from statsmodels.stats.proportion import proportion_effectsize
+
+        base, treat = (k / self.n for k in self.events)
+        if abs(treat - base) < self.margin:
+            treat = base + self.margin if base + self.margin <= 1 else base - self.margin
+        h = abs(float(proportion_effectsize(treat, base)))
+        return max(2, math.ceil(NormalIndPower().solve_power(h, alpha=ALPHA, power=POWER, ratio=1)))
 
     @property
     def estimate(self) -> float:
@@ -333,7 +346,83 @@ def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: fl
     return RateTest(events, len(base), ci, p, float(margin), direction)
 
 
-def holm(tests: Sequence[PairedTest | RateTest]) -> list[PairedTest | RateTest]:
+SPEARMAN_VARIANCE = 1.06
+"""Fieller, Hartley and Pearson's (1957) factor: the Fisher z of Spearman's rho has variance about
+1.06 / (n - 3), slightly more than Pearson's 1 / (n - 3)."""
+
+
+@dataclass(frozen=True)
+class TrendTest:
+    """Whether an endpoint grows (or falls) with a setting over independent runs: Spearman's rho.
+
+    Attributes:
+        estimate: Spearman's rank correlation over the ``n`` runs.
+        ci: its 95% interval through Fisher's z with :data:`SPEARMAN_VARIANCE` (always in (-1, 1)).
+        p: two-sided; from permutations below 10 runs (exact up to 7), where the usual
+            approximation claims significance for a perfect ranking of three.
+        margin: the |rho| below which a trend is negligible, declared with the claim: *absent*
+            when the interval lies inside +-margin. ``direction``: the paper's sign, ``"greater"``
+            (the endpoint grows with the setting) or ``"less"``.
+        p_holm: ``p`` adjusted within the family (:func:`holm`), or ``None``.
+    Properties: ``seeds_needed``, the runs that would decide the claim: those a correlation test
+    needs for :data:`POWER` at the larger of ``|rho|`` and ``margin`` (statsmodels'
+    ``NormalIndPower`` on Fisher's z, plus 3); ``verdict`` as for :class:`PairedTest`.
+    """
+
+    estimate: float
+    ci: tuple[float, float]
+    p: float
+    n: int
+    margin: float
+    direction: str
+    p_holm: float | None = None
+
+    @property
+    def seeds_needed(self) -> int:
+        from statsmodels.stats.power import NormalIndPower
+
+        z = math.atanh(min(max(abs(self.estimate), self.margin), 0.999)) / math.sqrt(SPEARMAN_VARIANCE)
+        return math.ceil(NormalIndPower().solve_power(z, alpha=ALPHA, power=POWER, ratio=0)) + 3
+
+    @property
+    def verdict(self) -> str:
+        p = self.p if self.p_holm is None else self.p_holm
+        claimed = self.estimate > 0 if self.direction == "greater" else self.estimate < 0
+        return _decide(p < ALPHA, claimed, -self.margin < self.ci[0] and self.ci[1] < self.margin)
+
+
+def trend_test(x: Sequence[float], y: Sequence[float], margin: float = 0.3, direction: str = "greater") -> TrendTest:
+    """Test "``y`` grows with ``x``" (``direction="greater"``; ``"less"``: falls) over independent
+    runs, one value each (see :class:`TrendTest`). Never pass values of one run at several skips
+    or steps, or a few method means: they are not independent runs.
+
+    Raises:
+        ValueError: unequal lengths, fewer than 4 runs, a non-finite value, a constant ``x`` or
+            ``y``, a margin outside (0, 1) or a bad direction.
+    """
+    import numpy as np
+    from scipy.stats import permutation_test, spearmanr
+
+    x, y = _pairs(x, y)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS} (the paper's claimed sign), got {direction!r}")
+    if not (isinstance(margin, (int, float)) and 0 < margin < 1):
+        raise ValueError(f"margin must be a |rho| in (0, 1), declared with the claim, got {margin!r}")
+    if len(x) < 4:
+        raise ValueError(f"a trend test needs at least 4 runs (its smallest p over 3 is 0.33), got {len(x)}")
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        raise ValueError("x and y must both vary: a constant series has no rank correlation")
+    rho, p = (float(v) for v in spearmanr(x, y))
+    n = len(x)
+    if n < 10:
+        test = permutation_test((x,), lambda xs: spearmanr(xs, y).statistic, permutation_type="pairings",
+                                n_resamples=math.inf if n <= 7 else 9999, rng=0)
+        p = float(test.pvalue)
+    z, half = math.atanh(min(max(rho, -0.999999), 0.999999)), 1.959964 * math.sqrt(SPEARMAN_VARIANCE / max(n - 3, 1))
+    return TrendTest(rho, (math.tanh(z - half), math.tanh(z + half)), p, n, float(margin), direction)
+
+
+def holm(tests: Sequence[PairedTest | RateTest | TrendTest]) -> list[PairedTest | RateTest | TrendTest]:
     """The tests of one pre-declared family with their ``p_holm`` set by Holm's step-down method
     (statsmodels' ``multipletests``): the family's chance of any false "reproduced" or
     "contradicted" stays at most :data:`ALPHA`."""
@@ -345,6 +434,5 @@ def holm(tests: Sequence[PairedTest | RateTest]) -> list[PairedTest | RateTest]:
     return [replace(t, p_holm=float(p)) for t, p in zip(tests, adjusted)]
 
 
-__all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "detrended", "holm",
-           "mean_se",
-           "oscillation", "over_seeds", "paired_rates", "paired_test", "seeds_needed"]
+__all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "TrendTest", "detrended",
+           "holm", "mean_se", "oscillation", "over_seeds", "paired_rates", "paired_test", "seeds_needed", "trend_test"]

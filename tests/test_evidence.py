@@ -25,7 +25,6 @@ from scalelong_edu.evidence import (
     run_table,
     trajectory,
     spread_by,
-    trend,
     xt_norm_ratio,
 )
 from scalelong_edu.experiments import ExperimentResult
@@ -300,28 +299,6 @@ def test_compare_breakdowns_pairs_each_setting_and_seed():
 
 
 # -- trend, spread_by -------------------------------------------------------------------------------
-def test_trend_of_monotone_noisy_and_reversed_series():
-    x = list(range(10))
-    rho, p, says = trend(x, [v**2 for v in x])
-    assert (rho, says) == (pytest.approx(1.0), "reproduced") and p < 0.05
-    rho, p, says = trend(x, [-v for v in x])
-    assert (rho, says) == (pytest.approx(-1.0), "contradicted") and p < 0.05
-    rho, p, says = trend(x, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
-    assert says == "undecided" and p >= 0.05 and -1 < rho < 1
-
-
-def test_trend_without_evidence_is_undecided():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert trend([1, 2, 3, 4, 5], [2.0] * 5)[2] == "undecided"
-        assert trend([1, 2], [1.0, 2.0])[2] == "undecided"
-
-
-def test_trend_of_three_or_four_points_is_undecided():
-    assert trend([1, 2, 3], [1.0, 2.0, 3.0])[2] == "undecided"
-    assert trend([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])[2] == "undecided"
-
-
 def test_spread_by_is_the_ratio_of_geometric_means():
     import pandas as pd
 

@@ -18,6 +18,7 @@ from scalelong_edu.stats import (
     paired_rates,
     paired_test,
     seeds_needed,
+    trend_test,
 )
 
 
@@ -209,3 +210,57 @@ def test_detrended_ignores_a_steady_trend_and_sees_a_zigzag():
     for bad, match in [([1.0, 2.0], "at least 3"), ([1.0, -1.0, 2.0], "finite and > 0")]:
         with pytest.raises(ValueError, match=match):
             detrended(bad)
+
+
+# -- trend_test: Spearman over independent runs -------------------------------------------------
+def correlated(rho, n, rng):
+    """``n`` runs of a bivariate normal with Pearson correlation ``rho``."""
+    x = rng.standard_normal(n)
+    return x, rho * x + math.sqrt(1 - rho**2) * rng.standard_normal(n)
+
+
+def test_a_trend_test_with_the_runs_it_asks_for_has_about_80_percent_power():
+    rng = np.random.default_rng(4)
+    planned = trend_test(*correlated(0.5, 200, rng)).seeds_needed  # rho_s ~ 0.48 at Pearson 0.5
+    assert 25 <= planned <= 40
+    hits = [trend_test(*correlated(0.5, planned, rng)).verdict for _ in range(1000)]
+    assert 0.72 <= hits.count("reproduced") / 1000 <= 0.92 and "contradicted" not in hits
+
+
+@pytest.mark.parametrize("direction", ["greater", "less"])
+def test_a_null_trend_is_decided_at_most_at_the_nominal_level(direction):
+    rng = np.random.default_rng(5)
+    says = [trend_test(*correlated(0.0, 12, rng), direction=direction).verdict for _ in range(2000)]
+    assert says.count("reproduced") / 2000 <= 0.025 + 0.01 and says.count("contradicted") / 2000 <= 0.025 + 0.01
+
+
+def test_a_null_trend_over_many_runs_is_absent_and_its_interval_is_a_correlation():
+    rng = np.random.default_rng(6)
+    says = [trend_test(*correlated(0.0, 400, rng)) for _ in range(200)]
+    assert sum(t.verdict == "absent" for t in says) / 200 >= 0.9
+    perfect = trend_test([1, 2, 3, 4, 5, 6], [1, 4, 9, 16, 25, 36])
+    assert perfect.estimate == 1 and -1 < perfect.ci[0] < perfect.ci[1] < 1
+    assert perfect.p == pytest.approx(2 / 720) and perfect.verdict == "reproduced"  # exact permutations
+
+
+def test_trend_test_refuses_what_is_no_evidence():
+    with pytest.raises(ValueError, match="at least 4 runs"):
+        trend_test([1, 2, 3], [1, 2, 3])
+    with pytest.raises(ValueError, match="must both vary"):
+        trend_test([1, 2, 3, 4], [2, 2, 2, 2])
+    with pytest.raises(ValueError, match="margin must be a \\|rho\\| in \\(0, 1\\)"):
+        trend_test([1, 2, 3, 4], [1, 2, 3, 5], margin=1.5)
+    with pytest.raises(ValueError, match="finite"):
+        trend_test([1, 2, 3, 4], [1, 2, 3, math.nan])
+
+
+def test_an_undecided_rate_says_how_many_runs_would_decide_it():
+    from statsmodels.stats.power import NormalIndPower
+    from statsmodels.stats.proportion import proportion_effectsize
+
+    test = paired_rates(np.array([0, 0, 1, 0], bool), np.array([1, 0, 1, 1], bool), 0.25)
+    assert test.verdict == "undecided"
+    expected = NormalIndPower().solve_power(abs(proportion_effectsize(0.75, 0.25)), alpha=0.05, power=0.8, ratio=1)
+    assert test.seeds_needed == math.ceil(expected)
+    same = paired_rates(np.array([0, 0, 1, 0], bool), np.array([0, 0, 1, 0], bool), 0.25)
+    assert same.seeds_needed > test.seeds_needed  # rates a margin apart: harder to tell than 0.25 vs 0.75
