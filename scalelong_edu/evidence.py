@@ -410,6 +410,26 @@ def feature_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     return frame.assign(c=frame.sq_norm / (x_t_sq * frame.S))
 
 
+def output_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
+    """The constant of the matching argument (paper Sec. 4.1) at every probe of a result that
+    recorded the network output: ``c_out = ||f(x_t)||^2 / (||x_t||^2 sum_i kappa_i^2)``, with the
+    fixed batch's mean ``||f(x_t)||^2`` and the effective ``kappa_i`` of the same step (``S_1``).
+    Columns: ``label, seed, step, out_sq, S, c_out``.
+
+    Raises:
+        ValueError: the result has no output probes (it was cached before they were recorded).
+    """
+    probes = result.probes()
+    out = probes[(probes.probe == "fixed") & (probes.quantity == "output_sq_norm")]
+    if out.empty:
+        raise ValueError("this result has no output_sq_norm probes (cached before they were recorded): use one "
+                         "trained since, e.g. main-uvit")
+    out = out[["label", "seed", "step", "value"]].rename(columns={"value": "out_sq"})
+    outer = features(result)
+    frame = out.merge(outer[outer.skip == 1][["label", "seed", "step", "S"]], on=["label", "seed", "step"])
+    return frame.assign(c_out=frame.out_sq / (x_t_sq * frame.S))
+
+
 def feature_ranges(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     """How far each skip's ``||h_i||^2`` swings over the last :data:`LATE` of training, in units of
     ``||x_t||^2`` (the quantity Theorem 3.1 bounds by ``O(S_i)``), one row per run and skip.
@@ -644,6 +664,7 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method",
            "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
-           "features", "geometric_fit", "gradient_constants", "rate_text", "ratio_text", "robustness_table", "run_table",
+           "features", "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text",
+           "robustness_table", "run_table",
            "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories",
            "trajectory", "xt_norm_ratio"]

@@ -343,7 +343,8 @@ class ExperimentResult:
     def describe(self) -> str:
         """Where the result came from: e.g. ``computed 2026-11-29 10:00:00 on cpu in 489 s``."""
         p = self.provenance
-        return f"computed {p.get('started', '?')} on {p.get('device', '?')} in {p.get('wall_time_s', 0):.0f} s"
+        partial = f"partial ({p['partial']} finished), " if "partial" in p else ""
+        return f"{partial}computed {p.get('started', '?')} on {p.get('device', '?')} in {p.get('wall_time_s', 0):.0f} s"
 
 
 class _ProbeEvery(Callback):
@@ -671,6 +672,30 @@ def run_experiment(
         shutil.rmtree(runs_dir(path), ignore_errors=True)
         result.path = path
     return result
+
+
+def finished_so_far(name: str, profile: str | Profile | None = None) -> ExperimentResult:
+    """An experiment's runs without training any: its cached result when it is complete, else the
+    runs finished so far (in plan order; ``provenance["partial"]`` says how many of the plan, and
+    :meth:`ExperimentResult.describe` says so). For a long experiment whose runs land over days.
+
+    Raises:
+        FileNotFoundError: neither a result nor a finished run exists yet (with the command to start).
+    """
+    experiment = get_experiment(name)
+    profile = profile if isinstance(profile, Profile) else get_profile(profile)
+    path = cache_path(experiment, profile)
+    if path.is_file():
+        return load_result(path, name)
+    done, _ = finished_runs(experiment, profile, path)
+    if not done:
+        raise FileNotFoundError(f"no run of {name} has finished at the {profile.name} profile: start them with "
+                                f"`python -m scalelong_edu run {name} --profile {profile.name}`")
+    n = len(experiment.plan(profile))
+    provenance = {"partial": f"{len(done)} of {n} runs", "wall_time_s": sum(r["wall_time_s"] for r in done.values()),
+                  "started": time.strftime("%Y-%m-%d", time.localtime(runs_dir(path).stat().st_mtime)),
+                  "device": "cpu" if profile.name != "gpu" else "cuda"}
+    return ExperimentResult(experiment.spec(profile), provenance, [done[i] for i in sorted(done)])
 
 
 def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo: list[int], workers: int,

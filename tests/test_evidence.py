@@ -16,6 +16,7 @@ from scalelong_edu.evidence import (
     adam_table,
     by_method,
     feature_constants,
+    output_constants,
     feature_ranges,
     features,
     gradient_constants,
@@ -335,6 +336,15 @@ def test_feature_constants_divide_by_x_t_and_the_tail_sum():
     assert frame.loc[(10, 2), "c"] == pytest.approx(4.0 / (2.0 * 0.25))
     assert frame.loc[(20, 1), "c"] == pytest.approx(36.0 / 2.5)
     assert len(frame) == 6
+
+
+def test_output_constants_divide_the_output_by_x_t_and_the_sum_of_all_kappa_squared():
+    rows = _constant_rows()
+    with pytest.raises(ValueError, match="no output_sq_norm probes"):
+        output_constants(result([record("none", 0, rows)], 20), x_t_sq=2.0)
+    rows += [row(step, "fixed", "model", None, "output_sq_norm", out) for step, out in ((0, 0.5), (20, 10.0))]
+    frame = output_constants(result([record("none", 0, rows)], 20), x_t_sq=2.0).set_index("step")
+    assert frame.c_out.to_dict() == {0: pytest.approx(0.5 / (2.0 * 1.25)), 20: pytest.approx(10.0 / (2.0 * 1.25))}
 
 
 def test_feature_ranges_over_the_late_half():

@@ -654,3 +654,19 @@ def test_a_failed_write_names_its_file_and_keeps_the_previous_partial(tmp_result
         keep(path, 0, record, plan[0])
     monkeypatch.undo()
     assert ex.partial_path(path, 0).read_text() == before and len(list(ex.runs_dir(path).iterdir())) == 1
+
+
+def test_finished_so_far_reads_the_runs_kept_without_training(tmp_results, monkeypatch):
+    two_seeds = replace(TINY, seeds=2)
+    with pytest.raises(FileNotFoundError, match="no run of quick has finished .* `python -m scalelong_edu run quick"):
+        ex.finished_so_far("quick", two_seeds)
+    plan, path = QUICK.plan(two_seeds), ex.cache_path(QUICK, two_seeds)
+    keep(path, 1, ex.train_run(plan[1], QUICK, two_seeds, progress=False), plan[1], profile=two_seeds)
+    monkeypatch.setattr(ex, "train_run", lambda *a, **k: pytest.fail("must not train"))
+    partial = ex.finished_so_far("quick", two_seeds)
+    assert [r["label"] for r in partial.runs] == ["CS"] and partial.describe().startswith("partial (1 of 4 runs")
+    monkeypatch.undo()
+    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_results))
+    monkeypatch.setitem(ex.EXPERIMENTS, "quick", QUICK)
+    complete = ex.run_experiment("quick", two_seeds, progress=False)
+    assert ex.finished_so_far("quick", two_seeds).to_json() == json.loads(json.dumps(complete.to_json()))
