@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -617,28 +617,32 @@ def speedup(result: ExperimentResult, baseline: str = "none") -> pd.DataFrame:
         target = float(finals[seed])
         steps = reach(label, seed, target) if record["diverged_at"] is None else math.nan
         rows.append({"label": label, "seed": seed, "diverged_at": record["diverged_at"], "target": target,
-                     "steps": steps, "reached": math.isfinite(steps),
-                     "speedup": reach(baseline, seed, target) / steps})
-    return pd.DataFrame(rows)
+                     "steps": steps, "reached": math.isfinite(steps), "base_steps": reach(baseline, seed, target),
+                     "last": float(curves[(curves.label == label) & (curves.seed == seed)].step.max())})
+    frame = pd.DataFrame(rows)
+    return frame.assign(speedup=frame.base_steps / frame.steps)
 
 
-def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tuple[str, PairedTest | None]:
+def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tuple[str, PairedTest]:
     """What :func:`speedup` says about "``label`` trains faster than the baseline": the measured
-    text and, when every seed reached the target, the paired test of the log steps each needed
-    (method against baseline, margin ``log(1 + margin)``; ``None`` otherwise: a seed that never
-    gets there has no step count to pair, so the claim stays undecided)."""
+    text and the paired test of the log steps each seed needed (method against baseline, margin
+    ``log(1 + margin)``). A seed that never gets there is counted at its last evaluation, a lower
+    bound on the steps it would need: the test is then ``censored`` (it can still find the method
+    faster or slower, but never call the difference absent)."""
     import numpy as np
 
     rows = speed[speed.label == label]
     if rows.empty:
         raise KeyError(f"no runs labelled {label!r}; labels: {list(dict.fromkeys(speed.label))}")
     reached, n = int(rows.reached.sum()), len(rows)
-    if reached < n:
-        return f"{reached} of {n} seeds reach the baseline's final FCD", None
-    base_steps = rows.steps * rows.speedup  # the baseline's own steps to the same target, seed by seed
-    test = paired_test(np.log(base_steps), np.log(rows.steps), math.log1p(margin), "less")
+    steps = rows.steps.where(rows.reached, rows["last"])
+    test = replace(paired_test(np.log(rows.base_steps), np.log(steps), math.log1p(margin), "less"),
+                   censored=n - reached)
     lo, hi = (math.exp(-v) for v in test.ci[::-1])
-    return f"speed-up {math.exp(-test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {n}", test
+    text = f"speed-up {math.exp(-test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {n}"
+    if reached < n:
+        text += f" ({n - reached} of {n} never reach the baseline's final FCD: counted at their last step)"
+    return text, test
 
 
 def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:

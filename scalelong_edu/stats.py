@@ -174,6 +174,8 @@ class PairedTest:
         n: pairs; ``sd``: the standard deviation of the paired differences.
         margin: the declared equivalence margin (same units); ``direction``: the paper's sign,
             ``"less"`` (the treatment lowers the endpoint) or ``"greater"``.
+        censored: pairs whose value is a bound, not a measurement (e.g. a run that never reached
+            a target, counted at its last step): such a test may be significant, never *absent*.
     Properties: ``seeds_needed``, the pairs that would decide the claim: those a paired t-test
     needs for :data:`POWER` at a true difference of the larger of ``|estimate|`` and ``margin``,
     given the observed ``sd`` (:func:`seeds_needed`): enough to detect the difference seen if it
@@ -190,6 +192,7 @@ class PairedTest:
     margin: float
     direction: str
     p_holm: float | None = None
+    censored: int = 0
 
     @property
     def seeds_needed(self) -> int:
@@ -199,7 +202,7 @@ class PairedTest:
     def verdict(self) -> str:
         p = self.p if self.p_holm is None else self.p_holm
         claimed = self.estimate < 0 if self.direction == "less" else self.estimate > 0
-        inside = -self.margin < self.ci[0] and self.ci[1] < self.margin
+        inside = -self.margin < self.ci[0] and self.ci[1] < self.margin and not self.censored
         return _decide(p < ALPHA, claimed, inside)
 
 

@@ -3,6 +3,7 @@ sums, the per-run table, summaries over seeds and verdicts, the theorem constant
 tables, Lemma 3.2 on real images, the claims table."""
 
 import math
+from dataclasses import replace
 import warnings
 
 import pytest
@@ -536,8 +537,8 @@ def test_geometric_fit_recovers_cs_and_measures_departures():
 def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
     def table(label, values):
         return pd.DataFrame({"label": label, "seed": range(len(values)), "diverged_at": None,
-                             "reached": [v == v for v in values], "speedup": values,
-                             "steps": [100.0 / v if v == v else float("nan") for v in values]})
+                             "reached": [v == v for v in values], "speedup": values, "base_steps": 100.0,
+                             "steps": [100.0 / v if v == v else float("nan") for v in values], "last": 400.0})
 
     import pandas as pd
 
@@ -550,8 +551,14 @@ def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
                                math.log1p(0.05))
     assert evidence.speedup_verdict(speed, "same")[1].verdict == "undecided"
     assert evidence.speedup_verdict(speed, "slow")[1].verdict == "contradicted"
-    assert evidence.speedup_verdict(speed, "split") == ("2 of 3 seeds reach the baseline's final FCD", None)
-    assert evidence.speedup_verdict(speed, "never")[1] is None
+    text, test = evidence.speedup_verdict(speed, "split")  # the unreached seed counts at its last step, 400
+    assert text.endswith("(1 of 3 never reach the baseline's final FCD: counted at their last step)")
+    assert test.censored == 1 and test.estimate == pytest.approx(
+        (math.log(1 / 1.2) + math.log(4) + math.log(1 / 1.3)) / 3)
+    never = evidence.speedup_verdict(speed, "never")[1]
+    assert never.censored == 3 and never.verdict == "contradicted"  # 4x slower at least, in every seed
+    tight = replace(paired_test([0.0, 0.1, 0.0, 0.1], [0.0, 0.1, 0.01, 0.1], 0.5), censored=1)
+    assert tight.verdict == "undecided"  # inside the margin, but a bound cannot show a difference is absent
     with pytest.raises(KeyError, match="no runs labelled 'LS'"):
         evidence.speedup_verdict(speed, "LS")
 
