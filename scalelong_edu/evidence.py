@@ -32,7 +32,8 @@ from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
 from .profiles import PROFILES
-from .stats import VERDICTS, MeanSE, PairedTest, RateTest, detrended, mean_se, oscillation, paired_rates, paired_test
+from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, mean_se, oscillation, paired_rates,
+                    paired_test, trend_test)
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -466,6 +467,14 @@ def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[
     return {f: float(np.exp(logs.groupby(frame[f]).mean().agg(["max", "min"]).diff().abs().iloc[-1])) for f in factors}
 
 
+def trend(table: pd.DataFrame, x: str, y: str, margin: float = 0.3, direction: str = "greater") -> TrendTest | None:
+    """:func:`scalelong_edu.stats.trend_test` of column ``y`` against column ``x`` over the runs of a
+    run table (one row a run) that have both values; ``None`` when fewer than 4 do (runs too short
+    to measure ``y``, as at the ``ci`` profile)."""
+    ok = table[table[x].notna() & table[y].notna()]
+    return trend_test(ok[x], ok[y], margin, direction) if len(ok) >= 4 else None
+
+
 def gradient_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
     """The constant of Theorem 3.3's bound at every probe: ``g = ||grad b_i|| / (loss ||x_t||^2 S_i)``,
     with the fixed batch's loss and decoder-block gradient norms. Columns: ``label, seed, step,
@@ -670,5 +679,5 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary
            "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
            "features", "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text",
            "robustness_table", "run_table",
-           "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories",
+           "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories", "trend",
            "trajectory", "xt_norm_ratio"]

@@ -3,9 +3,10 @@ sums, the per-run table, summaries over seeds and verdicts, the theorem constant
 tables, Lemma 3.2 on real images, the claims table."""
 
 import math
-from dataclasses import replace
 import warnings
+from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -569,3 +570,10 @@ def test_ratio_and_rate_texts_read_the_tests_back():
     assert evidence.ratio_text(test, "loss") == f"loss {math.exp(test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = 4"
     rates = compare_breakdowns(_paired_table([(1.0, 0.5)] * 8, broke=range(8)), "CS")
     assert evidence.rate_text(rates, ("none", "CS")).startswith("none 8/8 [0.63, 1.00], CS 0/8 [0.00, 0.37]")
+
+
+def test_trend_over_a_run_table_skips_runs_without_the_value_and_needs_four():
+    table = pd.DataFrame({"N": [2, 4, 6, 8, 2, 4], "osc": [1.0, 2.0, 3.0, 4.0, 1.5, None]})
+    test = evidence.trend(table, "N", "osc")
+    assert test.n == 5 and test.estimate > 0.9 and test.direction == "greater"
+    assert evidence.trend(table.iloc[:3], "N", "osc") is None
