@@ -18,7 +18,9 @@ The result is written atomically to ``results_dir()/<name>-<profile>-<hash>.json
 the full spec, so changing any setting can never pick up a stale result, and a file is checked
 on load (its schema, and that its stored spec hashes to its name). Each finished run is kept in
 ``<name>-<profile>-<hash>.runs/`` until the experiment completes, so an interrupted experiment
-continues where it stopped.
+continues where it stopped. A run is trained once: one that any result or partial run already
+holds with the same settings and measurements (:func:`run_key`, which ignores names and labels) is
+reused, so adding seeds to an experiment trains only the new seeds.
 
 From the shell: ``python -m scalelong_edu list`` and ``python -m scalelong_edu run NAME``.
 """
@@ -145,12 +147,9 @@ class Experiment:
                 "runs": [asdict(run) for run in self.plan(profile)], "profile": self._sizes(profile)}
 
     def run_key(self, run: RunSpec, profile: Profile) -> str:
-        """What identifies one run of :meth:`plan` whatever experiment trains it: the hash of its
-        settings (all but the legend label), the measurements and the profile's sizes. Every
-        partial-run file carries it."""
-        settings = {k: v for k, v in asdict(run).items() if k != "label"}
-        return spec_hash({"cache_version": CACHE_VERSION, "experiment": self._settings(),
-                          "profile": self._sizes(profile), "run": settings})
+        """What identifies one run of :meth:`plan` whatever experiment trains it (:func:`run_key`).
+        Every partial-run file carries it."""
+        return run_key(self._settings(), self._sizes(profile), asdict(run))
 
     def _settings(self) -> dict[str, Any]:
         settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction")}
@@ -292,6 +291,16 @@ def get_experiment(name: str) -> Experiment:
 def spec_hash(spec: dict[str, Any]) -> str:
     """First 12 hex digits of the SHA-256 of the canonical JSON of ``spec``."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_key(settings: dict[str, Any], sizes: dict[str, Any], run: dict[str, Any]) -> str:
+    """The hash that identifies one run across experiments, from the parts of a spec
+    (:meth:`Experiment.spec`): the measurements (the experiment's settings but its name and
+    description), the profile's sizes and the run's settings but its legend label. Two runs with
+    one key train and measure exactly alike, so one can stand for the other."""
+    measured = {k: v for k, v in settings.items() if k not in ("name", "description")}
+    trained = {k: v for k, v in run.items() if k != "label"}
+    return spec_hash({"cache_version": CACHE_VERSION, "experiment": measured, "profile": sizes, "run": trained})
 
 
 def cache_path(experiment: Experiment, profile: Profile) -> Path:
@@ -641,6 +650,16 @@ def run_experiment(
     todo = [i for i in range(len(plan)) if i not in done]
     if rank == 0:
         _check_outputs(path, experiment, profile, todo)
+    elsewhere = kept_elsewhere(path) if todo else {}
+    for i in list(todo):
+        source = elsewhere.get(experiment.run_key(plan[i], profile))
+        if source is not None:
+            done[i] = _reuse(source, plan[i], experiment, profile)
+            if rank == 0:
+                keep_run(partial_path(path, i), experiment.run_key(plan[i], profile), plan[i], done[i])
+            todo.remove(i)
+            say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is already trained: reused from "
+                f"{source[0].name}")
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -672,6 +691,40 @@ def run_experiment(
         shutil.rmtree(runs_dir(path), ignore_errors=True)
         result.path = path
     return result
+
+
+def kept_elsewhere(exclude: Path) -> dict[str, tuple[Path, int | None]]:
+    """Every run already trained in ``results_dir()`` outside the result ``exclude`` and its
+    partial runs, by :func:`run_key`: ``(result file, index)`` for the runs of complete results,
+    ``(partial-run file, None)`` for partial runs that carry their key. Unreadable files are
+    skipped (they are reported where they are loaded)."""
+    found: dict[str, tuple[Path, int | None]] = {}
+    for path in sorted(results_dir().glob(f"*{SUFFIX}")):
+        if path == exclude:
+            continue
+        try:
+            spec = json.loads(gzip.decompress(path.read_bytes()))["spec"]
+            for i, run in enumerate(spec["runs"]):
+                found.setdefault(run_key(spec["experiment"], spec["profile"], run), (path, i))
+        except (ValueError, KeyError, TypeError, OSError, EOFError, zlib.error):
+            continue
+    for file in sorted(results_dir().glob("*.runs/*.json")):
+        if file.parent == runs_dir(exclude):
+            continue
+        try:
+            found.setdefault(json.loads(file.read_text())["key"], (file, None))
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return found
+
+
+def _reuse(source: tuple[Path, int | None], run: RunSpec, experiment: Experiment, profile: Profile
+           ) -> dict[str, Any]:
+    """The record of ``run`` kept elsewhere under the same key, relabelled as this run and checked."""
+    path, i = source
+    record = load_result(path).runs[i] if i is not None else json.loads(path.read_text())["record"]
+    record = {**record, "label": run.label, "run": json.loads(json.dumps(asdict(run)))}
+    return _check_record(record, record["run"], experiment.steps(profile), profile.n_samples)
 
 
 def finished_so_far(name: str, profile: str | Profile | None = None) -> ExperimentResult:

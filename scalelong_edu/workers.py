@@ -9,8 +9,8 @@ per job, at most ``workers`` at a time, and watches their exit:
   finishes is kept even if the parent dies meanwhile;
 * a worker that dies (``kill -9``, the kernel's out-of-memory killer, a crash) is reported by job
   and exit code while the other jobs go on; the caller decides what to do with the lost ones;
-* workers ignore Ctrl-C (the terminal sends it to every process of the group); the parent
-  stops them and re-raises the interrupt;
+* workers ignore Ctrl-C from the moment they start (the terminal sends it to every process of
+  the group); the parent stops them and re-raises the interrupt;
 * a worker whose parent dies (SIGKILL, where no clean-up can run) stops within a second instead
   of training on for a parent that will never read its result.
 """
@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
@@ -50,6 +51,19 @@ def _worker(target: Callable[..., Any], args: tuple, parent: int) -> None:
     target(*args)
 
 
+@contextmanager
+def _interrupts_ignored():
+    """Ignore SIGINT in this (main) thread for the duration; elsewhere do nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def exit_reason(code: int) -> str:
     """A process's exit code in words: ``"killed by signal 9 (SIGKILL: out of memory?)"``."""
     if code >= 0:
@@ -74,7 +88,8 @@ def run_in_processes(
             while queue and len(running) < workers:
                 index, args = queue.pop(0)
                 process = context.Process(target=_worker, args=(target, args, os.getpid()), daemon=True)
-                process.start()
+                with _interrupts_ignored():  # inherited: Ctrl-C while the worker starts up is ignored too
+                    process.start()
                 running[process.sentinel] = (index, process)
             for sentinel in wait(list(running)):
                 index, process = running.pop(sentinel)

@@ -670,3 +670,29 @@ def test_finished_so_far_reads_the_runs_kept_without_training(tmp_results, monke
     monkeypatch.setitem(ex.EXPERIMENTS, "quick", QUICK)
     complete = ex.run_experiment("quick", two_seeds, progress=False)
     assert ex.finished_so_far("quick", two_seeds).to_json() == json.loads(json.dumps(complete.to_json()))
+
+
+def test_a_run_trained_for_any_experiment_is_reused_not_retrained(tmp_results, monkeypatch, capsys):
+    """Issue 21, item 1: adding seeds trains only the new seeds; a run of another experiment with
+    the same settings and measurements (another label) is reused; another measurement is not."""
+    first = ex.run_experiment("quick", TINY, progress=False)
+    more = replace(QUICK, name="quick2", description="more seeds", seeds=2,
+                   runs=(ex.RunSpec("no scaling"), ex.RunSpec("CS", method="cs")))
+    monkeypatch.setitem(ex.EXPERIMENTS, "quick2", more)
+    real, calls = ex.train_run, []
+
+    def counted(run, *a, **k):
+        calls.append((run.label, run.seed))
+        return real(run, *a, **k)
+
+    monkeypatch.setattr(ex, "train_run", counted)
+    second = ex.run_experiment("quick2", TINY)
+    assert calls == [("no scaling", 1), ("CS", 1)]
+    assert "run 1/4 (no scaling, seed 0) is already trained: reused from quick-ci-" in capsys.readouterr().out
+    assert second.runs[0]["history"] == first.runs[0]["history"] and second.runs[0]["label"] == "no scaling"
+    assert ex.load_result(second.path).runs[0]["run"]["label"] == "no scaling"
+    other = replace(QUICK, name="quick3", description="other measurements", robustness_sigmas=(0.0,))
+    monkeypatch.setitem(ex.EXPERIMENTS, "quick3", other)
+    calls.clear()
+    ex.run_experiment("quick3", TINY, progress=False)
+    assert calls == [("none", 0), ("CS", 0)]

@@ -93,10 +93,10 @@ def test_ctrl_c_says_what_is_kept_in_one_line_and_exits_130(tmp_path, flags):
     """Case 11: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)."""
     parent = start(tmp_path, *flags)  # progress shown: "run 1/2" says when the serial run trains
     if flags:
-        worker_processes(parent, 2)
+        worker_processes(parent, 2)  # at once: while they still import torch and unpickle their run
     else:
         next(line for line in parent.stdout if "run 1/2" in line)
-    time.sleep(1)
+        time.sleep(1)
     os.killpg(parent.pid, signal.SIGINT)
     out, err = parent.communicate(timeout=120)
     assert parent.returncode == 130
