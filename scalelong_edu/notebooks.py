@@ -120,6 +120,8 @@ def execute(path: Path, timeout: int = 1800) -> float:
     import nbformat
     from nbclient import NotebookClient
 
+    from scalelong_edu.widgets import prune_widget_state
+
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
     first.source = install_cell()
@@ -132,6 +134,7 @@ def execute(path: Path, timeout: int = 1800) -> float:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
     nb.cells.pop()
+    prune_widget_state(nb)  # only the state of widgets a page shows: the widget manager is 4 MB
     module_files = json.loads(probe.outputs[0]["text"])
     nb.metadata[META_KEY] = {**fingerprint(nb, module_files), "seconds": round(seconds, 1)}
     nbformat.write(nb, path)

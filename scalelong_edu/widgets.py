@@ -13,6 +13,8 @@
   :func:`plot_kappas` (with ``norms=True``: the profile, ``sum_i kappa_i^2`` against the band and
   the hidden-feature norms, three panels); :meth:`KappaExplorer.show` displays the static figure
   first and the live widget below it, so a static book shows the default state even without a kernel.
+* :func:`prune_widget_state` -- keep in an executed notebook only the saved widget state that a
+  displayed output needs, so that a page without a visible widget loads no widget manager.
 """
 
 from __future__ import annotations
@@ -729,8 +731,61 @@ def kappa_explorer(method: str = "cs", kappa: float = 0.5, n_skips: int = 6,
     return KappaExplorer(method, kappa, n_skips, learned, norms=norms)
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+HIDDEN_OUTPUT_TAGS = frozenset({"remove-output", "remove-cell"})
+
+
+def _displayed_views(nb) -> set[str]:
+    """Model ids of the widget views in the outputs that the book shows (not tagged remove-output)."""
+    return {output["data"][WIDGET_VIEW]["model_id"]
+            for cell in nb.cells if cell.cell_type == "code"
+            and not HIDDEN_OUTPUT_TAGS & set(cell.metadata.get("tags", []))
+            for output in cell.get("outputs", []) if WIDGET_VIEW in output.get("data", {})}
+
+
+def _referenced_models(state: dict) -> set[str]:
+    """The model ids that a widget model's state names (its children, layout, style: ``IPY_MODEL_<id>``)."""
+    found: set[str] = set()
+    stack: list = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and item.startswith("IPY_MODEL_"):
+            found.add(item.removeprefix("IPY_MODEL_"))
+    return found
+
+
+def prune_widget_state(nb) -> int:
+    """Drop from ``nb.metadata.widgets`` every saved widget model that no displayed output needs.
+
+    Executing a notebook with ``store_widget_state=True`` saves the state of every widget alive in the
+    kernel, also of widgets whose output the book removes (tag ``remove-output``); myst-nb then loads
+    RequireJS and the 4 MB widget manager for state nobody sees. Kept: the models of the widget views
+    of shown outputs and every model they reference. With nothing to keep, ``metadata.widgets`` goes.
+    Returns the number of models dropped; ``nb`` (an ``nbformat`` notebook) is changed in place.
+    """
+    saved = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    keep, todo = set(), list(_displayed_views(nb))
+    while todo:
+        model = todo.pop()
+        if model in saved and model not in keep:
+            keep.add(model)
+            todo.extend(_referenced_models(saved[model]))
+    dropped = len(saved) - len(keep)
+    if keep:
+        nb.metadata["widgets"][WIDGET_STATE]["state"] = {m: saved[m] for m in saved if m in keep}
+    else:
+        nb.metadata.pop("widgets", None)
+    return dropped
+
+
 __all__ = [
     "CONSTANT_METHODS", "LEARNED_METHODS", "METHOD_LABELS", "kappa_coefficients", "stream_coefficients",
     "kappa_table", "measured_kappas", "plot_kappas", "plot_cs_band", "plot_sum_kappa2", "NORMS_PRESET", "NORMS_SEED",
     "norms_batch", "FreshNorms", "plot_hidden_norms", "KappaExplorer", "kappa_explorer",
+    "prune_widget_state",
 ]

@@ -63,6 +63,11 @@ PHONE = min(WIDTHS)
 ASIDE_MIN_SHARE = 0.9  # on a phone a margin note or sidebar takes at least this share of the column
 CAPTION_MIN_CONTRAST = 7.0  # WCAG AAA for body text: captions read like the text around them
 CAPTION_MIN_PX = 14.0
+MAX_PAGE_BYTES = 5_000_000  # a page with everything it loads, uncompressed, as served
+FIGURE_MIN_TEXT_PX = 8.0  # figure text on a phone, in CSS px, unless the figure links to its full-size image
+FIGURE_DPI = 100.0  # pixels per inch of the figures' PNGs (plotting.BOOK_RC["figure.dpi"], Jupyter's inline backend)
+# "[uvit-gentle] loaded from the cache: ..." and "cifar10: not available on this machine": bookkeeping
+PROVENANCE_LINE = r"/^\[[\w.-]+\] loaded from the cache: |^[\w-]+: not available on this machine/m"
 EXPLORER_PAGE = "book/02_unets_and_long_skips"
 EXPLORER_CELL = "from scalelong_edu.explorer import kappa_explorer_chart\n\nkappa_explorer_chart()"
 SOURCE_SUFFIXES = (".md", ".ipynb", ".rst")
@@ -314,6 +319,11 @@ class Visit:
     overflows: list[str] = field(default_factory=list)  # equations, code and outputs wider than the column
     narrow_asides: list[str] = field(default_factory=list)  # margin notes squeezed beside the text
     poor_captions: list[str] = field(default_factory=list)  # figure captions too faint or too small
+    scroll_width: int = 0  # document.documentElement.scrollWidth: the page's width, the viewport's at most
+    page_bytes: int = 0  # the page and every file it loaded, uncompressed
+    figures: list[dict] = field(default_factory=list)  # every figure image: its alt, sizes and link
+    loose_provenance: list[str] = field(default_factory=list)  # cache/provenance printouts outside the note
+    bold_glue: list[str] = field(default_factory=list)  # glued numbers set bolder than the text around them
     problems: list[str] = field(default_factory=list)  # console/JS errors, blocked or missing requests, timeouts
 
 
@@ -361,9 +371,15 @@ async () => {
       return area && area.classList.contains('widget-subarea') && area.childElementCount > 0;
     }).length,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    loose_provenance: Array.from(document.querySelectorAll('.cell_output .output.stream'))
+      .filter(o => PROVENANCE_LINE.test(o.textContent) && !o.closest('details.provenance'))
+      .map(o => o.textContent.trim().slice(0, 80)),
+    bold_glue: Array.from(document.querySelectorAll('span.pasted-text'))
+      .filter(g => getComputedStyle(g).fontWeight !== getComputedStyle(g.parentElement).fontWeight)
+      .map(g => `${g.textContent} in: ${g.parentElement.textContent.trim().slice(0, 60)}`),
   };
 }
-"""
+""".replace("PROVENANCE_LINE", PROVENANCE_LINE)
 WIDGETS_DONE_JS = """() => {
   const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length;
   return views === 0 || document.querySelectorAll('.widget-subarea > *').length >= views;
@@ -441,7 +457,14 @@ async (phone) => {
             weight: parseInt(cs.fontWeight, 10)};
   }).filter(c => c.contrast < CAPTION_MIN_CONTRAST || c.px < CAPTION_MIN_PX || c.weight < 400)
     .map(c => `contrast ${c.contrast.toFixed(1)}:1, ${c.px} px, weight ${c.weight}: ${c.text}`);
-  return {overflows, narrow_asides: asides, poor_captions: captions};
+  // figures: what the reader sees of each image, and whether a tap opens it at full size
+  const figures = Array.from(article.querySelectorAll('.cell_output img, figure img')).filter(visible).map(i => {
+    const link = i.closest('a[href]');
+    return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '', natural: i.naturalWidth,
+            shown: i.getBoundingClientRect().width, linked: !!link && link.href === i.src};
+  });
+  return {overflows, narrow_asides: asides, poor_captions: captions, figures,
+          scroll_width: document.documentElement.scrollWidth};
 }
 """.replace("ASIDE_MIN_SHARE", str(ASIDE_MIN_SHARE)).replace("CAPTION_MIN_CONTRAST", str(CAPTION_MIN_CONTRAST)) \
    .replace("CAPTION_MIN_PX", str(CAPTION_MIN_PX))
@@ -455,12 +478,16 @@ class BrowserSession:
     def __init__(self, browser, site: str, mirror: NpmMirror) -> None:
         self.browser, self.site, self.mirror = browser, site, mirror
 
-    def open(self, docname: str, width: int, problems: list[str]):
+    def open(self, docname: str, width: int, problems: list[str], served: list[int] | None = None,
+             touch: bool = False):
         """A new tab at ``width`` showing ``docname``; what goes wrong is appended to ``problems``.
 
-        Returns ``(tab, response)``; close the tab's context when done.
+        ``served`` gets the size of every response body (the page's weight is their sum); ``touch``
+        makes the tab a touch screen (``tap()``). Returns ``(tab, response)``; close the tab's context
+        when done.
         """
-        context = self.browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
+        context = self.browser.new_context(viewport={"width": width, "height": 900}, service_workers="block",
+                                           has_touch=touch)
         context.route("**/*", lambda r: self._route(r, problems))
         tab = context.new_page()
         tab.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
@@ -469,6 +496,8 @@ class BrowserSession:
                if r.url.startswith(self.site) and r.status >= 400 else None)
         tab.on("requestfailed", lambda r: problems.append(f"request failed ({r.failure}): {r.url}")
                if r.url.startswith(self.site) else None)
+        if served is not None:
+            tab.on("response", lambda r: served.append(_body_size(r)))
         response = tab.goto(self.site + docname + ".html", wait_until="load", timeout=30_000)
         return tab, response
 
@@ -490,6 +519,14 @@ class BrowserSession:
         except Exception as exc:  # a CDN file the mirror cannot provide
             problems.append(f"could not serve {url} offline: {exc}")
         r.abort()
+
+
+def _body_size(response) -> int:
+    """Bytes of a response's body, uncompressed (0 for a redirect or an aborted request)."""
+    try:
+        return len(response.body())
+    except Exception:  # redirects and aborted requests have no body
+        return 0
 
 
 def wait_until_rendered(tab, visit: Visit) -> None:
@@ -540,9 +577,9 @@ def visits(browser: BrowserSession) -> dict[tuple[str, int], Visit]:
     for width in WIDTHS:
         for p in PAGES:
             visit = results[(p.docname, width)] = Visit(width=width)
-            tab = None
+            tab, served = None, []
             try:
-                tab, response = browser.open(p.docname, width, visit.problems)
+                tab, response = browser.open(p.docname, width, visit.problems, served)
                 visit.status = response.status if response else None
                 wait_until_rendered(tab, visit)
                 seen = tab.evaluate(INSPECT_JS)
@@ -556,6 +593,7 @@ def visits(browser: BrowserSession) -> dict[tuple[str, int], Visit]:
                     warnings.warn(f"no screenshot of {p.docname} at {width} px: {exc}")
                 for key, value in tab.evaluate(LAYOUT_JS, width == PHONE).items():
                     setattr(visit, key, value)
+                visit.page_bytes = sum(served)
             except Exception as exc:  # a timeout or a crash is a finding about this page
                 visit.problems.append(f"{type(exc).__name__}: {exc}")
             finally:
@@ -632,6 +670,17 @@ def test_launch_buttons_open_the_configured_repository(built_book: Path):
             assert colab in html, f"{page.docname}: no Colab launch link {colab}"
 
 
+def test_repository_file_links_follow_the_configured_repository():
+    """``{repo}`benchmarks/...``` links (sphinx.ext.extlinks) open files of _config.yml's repository and branch."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    repo = config["repository"]
+    base = config["sphinx"]["config"]["extlinks"]["repo"][0]
+    want = f"{repo['url']}/blob/{repo.get('branch', 'main')}/%s"
+    assert base == want, f"_config.yml: sphinx.config.extlinks.repo is {base!r}; for `repository` it must be {want!r}"
+
+
 def numbered_chapters() -> list[str]:
     """The documents of the ``numbered: true`` parts of ``_toc.yml``, in order: chapter 1, 2, ..."""
     import yaml
@@ -683,6 +732,71 @@ def test_bibliography_is_author_year_and_links_back(built_book: Path):
     assert not problems, "\n".join(problems)
 
 
+def _notebook_with_widgets(tags: list[str]):
+    """A notebook whose one cell displays widget "box" (with child "slider"); "orphan" is saved too."""
+    import nbformat
+
+    from scalelong_edu.widgets import WIDGET_STATE, WIDGET_VIEW
+
+    cell = nbformat.v4.new_code_cell("box", metadata={"tags": tags}, outputs=[nbformat.v4.new_output(
+        "display_data", data={WIDGET_VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0}})])
+    state = {"box": {"state": {"children": ["IPY_MODEL_slider"]}}, "slider": {"state": {}}, "orphan": {"state": {}}}
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb.metadata["widgets"] = {WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
+    return nb
+
+
+def test_prune_widget_state_keeps_what_a_shown_widget_needs_and_nothing_else():
+    from scalelong_edu.widgets import WIDGET_STATE, prune_widget_state
+
+    shown = _notebook_with_widgets([])
+    assert prune_widget_state(shown) == 1
+    assert set(shown.metadata["widgets"][WIDGET_STATE]["state"]) == {"box", "slider"}
+    removed = _notebook_with_widgets(["remove-output"])
+    assert prune_widget_state(removed) == 3 and "widgets" not in removed.metadata
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.source and p.source.suffix == ".ipynb"],
+                         ids=lambda p: p.docname)
+def test_notebooks_save_only_the_widget_state_they_show(page: Page):
+    """Saved widget state that no shown output needs makes myst-nb load RequireJS and the 4 MB widget
+    manager for nothing (issue 20: chapters 2 and 6 weighed 9 MB)."""
+    import nbformat
+
+    from scalelong_edu.widgets import prune_widget_state
+
+    unused = prune_widget_state(nbformat.read(page.source, as_version=4))
+    assert unused == 0, (f"{page.source.name} saves {unused} widget model(s) that no shown output displays: "
+                         "run scalelong_edu.widgets.prune_widget_state on it after executing")
+
+
+HIDDEN_INPUT_TAGS = {"hide-input", "remove-input", "remove-cell"}
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.source and p.source.suffix == ".ipynb"],
+                         ids=lambda p: p.docname)
+def test_bookkeeping_code_is_behind_show_code(page: Page):
+    """Code that only builds a claims table or loads cached results sits behind "Show code cell source"
+    (tag hide-input), as the install cell does: the reader reads the table, not its 40-line builder."""
+    import nbformat
+
+    cells = [c for c in nbformat.read(page.source, as_version=4).cells if c.cell_type == "code"]
+    bookkeeping = [c for c in cells if "ledger.publish(" in c.source or c is cells[0]
+                   or any("loaded from the cache" in o.get("text", "") for o in c.get("outputs", []))]
+    shown = [c.source.splitlines()[0][:70] for c in bookkeeping
+             if not HIDDEN_INPUT_TAGS & set(c.metadata.get("tags", []))]
+    assert not shown, f"{page.source.name}: give these cells the tag hide-input: {shown}"
+
+
+def test_every_bibliography_entry_can_be_followed():
+    """Each entry of book/references.bib carries a DOI or a URL, so a reader can open the work."""
+    bib = (ROOT / "book" / "references.bib").read_text(encoding="utf-8")
+    entries = re.findall(r"^@\w+\{([^,]+),(.*?)^\}", bib, re.MULTILINE | re.DOTALL)
+    assert entries, "book/references.bib has no entries"
+    bare = [key for key, body in entries if not re.search(r"^\s*(doi|url)\s*=", body, re.MULTILINE)]
+    assert not bare, f"book/references.bib: entries without a doi or url field: {bare}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.docname for p in PAGES])
 def test_page_in_browser(page: Page, visits: dict[tuple[str, int], Visit], site: str):
     v = visits[(page.docname, max(WIDTHS))]
@@ -719,10 +833,47 @@ def test_page_in_browser(page: Page, visits: dict[tuple[str, int], Visit], site:
     if v.widgets_rendered < v.widget_views:
         problems.append(f"{v.widget_views - v.widgets_rendered} of {v.widget_views} widget(s) did not render "
                         "(no saved widget state? execute with store_widget_state=True)")
+    if v.page_bytes > MAX_PAGE_BYTES:
+        problems.append(f"the page weighs {v.page_bytes / 1e6:.2f} MB with what it loads, more than "
+                        f"{MAX_PAGE_BYTES / 1e6:g} MB (widget manager or RequireJS for widgets nobody sees? "
+                        "scalelong_edu.widgets.prune_widget_state)")
+    problems += [f"printed bookkeeping outside the collapsed provenance note (book/_static/book.js): {p}"
+                 for p in v.loose_provenance]
+    problems += [f"a glued value is bolder than its text: {g}" for g in v.bold_glue]
     problems += [f"the page shows {bad!r}" for bad in BAD_TEXT if bad in v.text]
     problems += [f"broken link: {b}" for b in broken_internal_links(v.links, site)]
 
     assert not problems, f"{page.docname}.html:\n  " + "\n  ".join(problems)
+
+
+def figure_text_px(figure: dict) -> float:
+    """CSS px of the smallest text in a figure as shown: plotting.MIN_FONT_SIZE points at FIGURE_DPI,
+    scaled by the shown width over the image's own."""
+    from scalelong_edu.plotting import MIN_FONT_SIZE
+
+    return MIN_FONT_SIZE / 72 * FIGURE_DPI * figure["shown"] / max(figure["natural"], 1)
+
+
+def figure_faults(figure: dict) -> list[str]:
+    """What keeps a reader from a figure: alt text that is empty or a file name; text under
+    FIGURE_MIN_TEXT_PX with no link to the full-size image."""
+    faults = []
+    alt = figure["alt"].strip()
+    if not alt or re.search(r"\.(png|jpe?g|svg|gif)$", alt) or "_images/" in alt:
+        faults.append(f"alt text {alt!r} does not say what the figure shows (cell metadata mystnb.image.alt)")
+    if figure_text_px(figure) < FIGURE_MIN_TEXT_PX and not figure["linked"]:
+        faults.append(f"text about {figure_text_px(figure):.1f} px ({figure['natural']} px shrunk to "
+                      f"{figure['shown']:.0f}) and no link to the full-size image (book/_static/book.js)")
+    return faults
+
+
+def test_figure_checks_catch_unreadable_figures():
+    """The figure check itself: a 1287 px figure shrunk to 342 px needs a link; a path is no alt text."""
+    wide = {"src": "a.png", "alt": "Figure: loss against N", "natural": 1287, "shown": 342.0, "linked": False}
+    assert figure_text_px(wide) < FIGURE_MIN_TEXT_PX and figure_faults(wide)
+    assert figure_faults({**wide, "linked": True}) == []
+    assert figure_faults({**wide, "natural": 500}) == []
+    assert figure_faults({**wide, "linked": True, "alt": "../_images/91c4.png"})
 
 
 @pytest.mark.parametrize("width", WIDTHS, ids=[f"{w}px" for w in WIDTHS])
@@ -733,10 +884,42 @@ def test_page_layout(page: Page, width: int, visits: dict[tuple[str, int], Visit
     or sidebar squeezed beside the text; figure captions as legible as the text (contrast, size, weight)."""
     v = visits[(page.docname, width)]
     problems = [f"too wide: {o}" for o in v.overflows]
+    if v.scroll_width > width:
+        problems.append(f"the page is {v.scroll_width} px wide in a {width} px window (long inline code?)")
+    problems += [f"figure {f['src']}: {why}" for f in v.figures for why in figure_faults(f)]
     problems += [f"margin note narrower than {ASIDE_MIN_SHARE:.0%} of the column: {a}" for a in v.narrow_asides]
     problems += [f"caption below {CAPTION_MIN_CONTRAST:g}:1 contrast, {CAPTION_MIN_PX:g} px or weight 400: {c}"
                  for c in v.poor_captions]
     assert not problems, f"{page.docname}.html at {width} px:\n  " + "\n  ".join(problems)
+
+
+NAVIGATION_PAGE = "book/03_hidden_features"
+TOGGLES = {  # the theme's toggle buttons and the drawer (a <dialog>) each should open on a phone
+    "site navigation (☰)": (".primary-toggle", "#pst-primary-sidebar-modal"),
+    "contents of the page": (".secondary-toggle", "#pst-secondary-sidebar-modal"),
+}
+
+
+@pytest.mark.parametrize("toggle", TOGGLES, ids=["primary", "secondary"])
+def test_phone_toggles_open_the_drawer_and_its_links_navigate(browser: BrowserSession, toggle: str):
+    """At 390 px a tap on each visible sidebar toggle opens its drawer, and a link in it navigates
+    (pydata-sphinx-theme 0.17 wires only the hidden first toggle: book/_static/book.js forwards the taps)."""
+    button, drawer = TOGGLES[toggle]
+    problems: list[str] = []
+    tab, _ = browser.open(NAVIGATION_PAGE, PHONE, problems, touch=True)
+    try:
+        visible = tab.locator(f"{button}:visible")
+        assert visible.count() >= 1, f"{NAVIGATION_PAGE}.html at {PHONE} px shows no {button} button"
+        visible.first.tap()
+        opened = tab.evaluate(f"() => !!document.querySelector('{drawer}')?.open")
+        assert opened, f"tapping {toggle} ({button}) at {PHONE} px did not open the drawer {drawer}"
+        link = tab.locator(f"{drawer} a[href]:visible").last
+        href = link.evaluate("a => a.href")
+        link.tap()
+        tab.wait_for_url(href, timeout=10_000)
+    finally:
+        tab.context.close()
+    assert not problems, "\n".join(problems)
 
 
 # Reads the explorer's state: its controls and the "Σκᵢ² = ..." line of its SVG

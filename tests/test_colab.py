@@ -134,7 +134,16 @@ import nbformat
 from IPython.core.interactiveshell import InteractiveShell
 
 import scalelong_edu
+from scalelong_edu import experiments
 assert Path(scalelong_edu.__file__).is_relative_to(Path(sys.prefix)), scalelong_edu.__file__
+
+
+def no_training(run, experiment, *args, **kwargs):
+    raise AssertionError(f"{experiment.name} is not cached at the ci profile in {experiments.results_dir()}: "
+                         "the first cells would train live; cache it in warm_experiments() (tests/test_colab.py)")
+
+
+experiments.train_run = no_training  # this test checks the wheel, not how fast this machine trains
 shell = InteractiveShell.instance()
 for chapter in sys.argv[1:]:
     cells = [c for c in nbformat.read(chapter, as_version=4).cells if c.cell_type == "code"]
@@ -145,8 +154,24 @@ print("chapters ran from", scalelong_edu.__file__)
 """
 
 
+def warm_experiments() -> None:
+    """Cache, with the editable package and at the ci profile, every experiment the first cells load
+    that the repository does not ship (chapters 3-5's comparison); each trains once per checkout."""
+    from scalelong_edu import experiments
+
+    experiments.comparison("ci", progress=False)
+
+
 def test_a_built_wheel_installs_and_runs_the_first_cells_of_every_chapter(tmp_path):
-    """A wheel (what pip builds from the repository URL) carries every module the chapters import."""
+    """A wheel (what pip builds from the repository URL) carries every module the chapters import.
+
+    The cells run from the wheel load their experiments from this checkout's result cache, warmed
+    beforehand (:func:`warm_experiments`) and never train, so the check takes the same few seconds
+    however busy the machine is.
+    """
+    from scalelong_edu.experiments import results_dir
+
+    warm_experiments()
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info/ beside the sources
     shutil.copytree(ROOT / "scalelong_edu", source / "scalelong_edu", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "LICENSE"):
@@ -166,7 +191,8 @@ def test_a_built_wheel_installs_and_runs_the_first_cells_of_every_chapter(tmp_pa
     (venv_site / "dependencies.pth").write_text(f"{site}\n")
     # the ledger reads the executed chapters beside it, which a wheel does not carry
     chapters = [str(p) for p in notebooks.chapters() if p.stem != "ledger"]
+    env = {**os.environ, "SCALELONG_PROFILE": "ci", "SCALELONG_RESULTS": str(results_dir())}
     run = subprocess.run([str(python), "-c", WHEEL_CHECK, *chapters], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=600, env={**os.environ, "SCALELONG_PROFILE": "ci"})
+                         cwd=tmp_path, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert str(venv) in run.stdout
