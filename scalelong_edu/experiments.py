@@ -101,7 +101,7 @@ class Experiment:
         step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
             has to find a setting can run shorter).
         fd_points: how many times, evenly spaced over training, to measure the EMA model's
-            Frechet classifier distance on :data:`FD_SAMPLES` fresh samples (0: only the end grid).
+            Frechet classifier distance on ``fd_samples`` fresh samples (0: only the end grid).
         end_probes: measure robustness and Lipschitz factors at the end of each run.
         fd_samples: samples per Frechet-distance evaluation.
         early_probes: ``(every, until)``: the fixed-batch probes also every ``every`` steps up
@@ -315,6 +315,7 @@ class ExperimentResult:
     provenance: dict[str, Any]
     runs: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
+    _probe_frame: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def labels(self) -> list[str]:
@@ -331,11 +332,15 @@ class ExperimentResult:
         return frame[["label", "seed", *(c for c in frame.columns if c not in ("label", "seed"))]]
 
     def probes(self):
-        """All probe rows (:data:`scalelong_edu.probes.COLUMNS`) with ``label`` and ``seed`` columns."""
+        """All probe rows (:data:`scalelong_edu.probes.COLUMNS`) with ``label`` and ``seed`` columns
+        (built once per result; each call returns a copy of its own)."""
         import pandas as pd
 
-        frames = [to_frame(_rows(r["probes"])).assign(label=r["label"], seed=r["run"]["seed"]) for r in self.runs]
-        return pd.concat(frames, ignore_index=True)
+        built_for = [id(r) for r in self.runs]  # rebuilt if the runs were replaced since
+        if self._probe_frame is None or self._probe_frame[0] != built_for:
+            frames = [to_frame(_rows(r["probes"])).assign(label=r["label"], seed=r["run"]["seed"]) for r in self.runs]
+            self._probe_frame = (built_for, pd.concat(frames, ignore_index=True))
+        return self._probe_frame[1].copy()
 
     def samples(self, label: str, seed: int = 0) -> torch.Tensor:
         """The EMA samples of run ``label`` with ``seed`` as float images in [-1, 1], (n, C, H, W)."""
