@@ -1,56 +1,61 @@
-"""Estimate how long the `gpu` profile takes on a Colab T4, from counted FLOPs.
+"""Estimate what each chapter trains at the `gpu` profile on a Colab T4, from counted FLOPs.
 
-No T4 is at hand, so the estimate is arithmetic: count the floating-point operations of one
-training step (forward, loss, backward; PyTorch's ``FlopCounterMode``, a multiply-add = 2 FLOPs)
-of each profile's presets at the profile's batch, and divide by an effective T4 throughput.
-The T4 peaks at 65 TFLOP/s in fp16 on tensor cores; small-batch transformer and conv training
-under autocast typically reaches a quarter of that, so the default is 16 TFLOP/s
-(``--tflops`` to change it). A chapter is taken to be four runs of ``profile.steps`` steps.
+No T4 is at hand, so the estimate is arithmetic (:mod:`scalelong_edu.cost`): the FLOPs of every
+run of an experiment (training steps, probes, samples for the Frechet distances and the end grid,
+end probes), counted on PyTorch's ``meta`` device, over an effective T4 throughput (default 16
+TFLOP/s, a quarter of its fp16 tensor-core peak; ``--tflops`` to change it). For every chapter it
+prints the minutes of its "at GPU scale" section (what a GPU trains by default, cold) and of
+"everything" (every experiment the chapter's text uses, retrained at the `gpu` profile with
+``SCALELONG_TRAIN=all``; runs shared between experiments counted once).
 
-Run: ``python benchmarks/t4_estimate.py [--profile gpu] [--tflops 16]``.
+Run: ``python benchmarks/t4_estimate.py [--tflops 16]``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-import torch
-from torch.utils.flop_counter import FlopCounterMode
+from scalelong_edu.cost import BUDGET_MINUTES, T4_TFLOPS, t4_minutes
+from scalelong_edu.experiments import BACKBONES, REGIMES, get_experiment, work
+from scalelong_edu.gpu_scale import SECTIONS
+from scalelong_edu.profiles import PROFILES
 
-from scalelong_edu.data import dataset_info
-from scalelong_edu.diffusion import eps_loss, linear_schedule
-from scalelong_edu.models import build_model, count_parameters
-from scalelong_edu.profiles import PROFILES, Profile
-
-RUNS_PER_CHAPTER = 4
-
-
-def step_flops(preset: str, profile: Profile) -> tuple[int, int]:
-    """(FLOPs of one training step at the profile's batch, parameter count)."""
-    channels = dataset_info(profile.dataset).channels
-    model = build_model(preset, channels, profile.image_size)
-    x0 = torch.rand(profile.batch_size, channels, profile.image_size, profile.image_size) * 2 - 1
-    with FlopCounterMode(display=False) as counter:
-        eps_loss(model, x0, linear_schedule()).backward()
-    return counter.get_total_flops(), count_parameters(model)
+COMPARISON = tuple(f"{b}-{r}" for b in BACKBONES for r in REGIMES)
+CHAPTER_EXPERIMENTS: dict[int, tuple[str, ...]] = {
+    1: (),
+    2: (),
+    3: ("uvit-lr-sweep", "unet-lr-sweep", *COMPARISON, "main-uvit"),
+    4: COMPARISON,
+    5: COMPARISON,
+    6: ("scaling-uvit", "scaling-unet", *COMPARISON, "kappa-uvit-stress"),
+    7: ("scaling-uvit", "scaling-unet", "uvit-lr-sweep", "stability-map", "depth-unet"),
+    8: ("depth-uvit", "depth-unet", "kappa-grid", "block-output", "stability-map"),
+}
+"""The experiments each chapter's text loads (chapter 1 trains its long UNet in a cell: one
+``long_steps`` run, the size of ``live-ddpm``; chapter 2 trains nothing)."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=list(PROFILES), default="gpu")
-    parser.add_argument("--tflops", type=float, default=16.0, help="effective T4 TFLOP/s (default 16)")
+    parser.add_argument("--tflops", type=float, default=T4_TFLOPS, help=f"effective T4 TFLOP/s (default {T4_TFLOPS:g})")
     args = parser.parse_args()
-    profile = PROFILES[args.profile]
-    print(f"profile {profile.name}: {profile.dataset} at {profile.image_size} px, batch {profile.batch_size}, "
-          f"{profile.steps} steps; T4 at {args.tflops:g} effective TFLOP/s\n")
-    print("| preset | params | TFLOP/step | est. s/step | est. min/run | est. min/chapter (4 runs) |")
-    print("|---|---|---|---|---|---|")
-    for preset in (profile.unet, profile.uvit):
-        flops, params = step_flops(preset, profile)
-        seconds = flops / (args.tflops * 1e12)
-        run_min = seconds * profile.steps / 60
-        print(f"| {preset} | {params:,} | {flops / 1e12:.3f} | {seconds:.3f} | {run_min:.1f} | "
-              f"{RUNS_PER_CHAPTER * run_min:.1f} |")
+    gpu = PROFILES["gpu"]
+    print(f"profile gpu: {gpu.dataset} at {gpu.image_size} px, batch {gpu.batch_size}, {gpu.steps} steps a run; "
+          f"T4 at {args.tflops:g} effective TFLOP/s; budget of a live section {BUDGET_MINUTES:g} min\n")
+    print("| chapter | at GPU scale (live) | T4 min | everything | T4 min |")
+    print("|---|---|---|---|---|")
+    for chapter, name in SECTIONS.items():
+        live = work(get_experiment(name), gpu)
+        names = CHAPTER_EXPERIMENTS[chapter] or (("live-ddpm",) if chapter == 1 else ())
+        runs = {}
+        for other in names:
+            experiment = get_experiment(other)
+            for run, cost in zip(experiment.plan(gpu), work(experiment, gpu).runs):
+                runs.setdefault(experiment.run_key(run, gpu), cost)
+        everything = sum(cost.flops for cost in runs.values()) / (args.tflops * 1e12) / 60
+        count = f"{len(runs)} run{'s' * (len(runs) != 1)}"
+        print(f"| {chapter} | {name}: {live} | {t4_minutes(live, args.tflops):.1f} | {count} "
+              f"({', '.join(names) or 'none'}) | {everything:.0f} |")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
+from .cost import TRAIN_VAR
 from .experiments import EXPERIMENTS, cache_status, run_experiment
 from .profiles import ENV_VAR, PROFILES, get_profile
 from .train import init_distributed
@@ -15,7 +17,9 @@ Run the book's experiments ahead of time, so chapters load their results instead
 Every chapter's heavy runs are named experiments. `run` trains all runs of one experiment at
 the sizes of a profile and caches the result under data/results/ (or $SCALELONG_RESULTS),
 keyed by a hash of the full spec: a notebook whose experiment and profile match loads it in
-a second. The profile is --profile, else ${ENV_VAR}, else `gpu` with CUDA and `cpu` without:
+a second. The profile is --profile, else ${ENV_VAR}, else `cpu` (`gpu` on a GPU when
+{TRAIN_VAR}=all). It prints what it will train and how long that should take before it starts;
+unlike a notebook cell, it has no time budget:
   ci   tiny, for the tests (seconds)
   cpu  small real runs on a laptop (minutes)
   gpu  CIFAR-10 sizes for a GPU (tens of minutes)
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("profiles", help="show the sizes of each profile")
     run = commands.add_parser("run", help="train an experiment (or load it from the cache) and print a summary")
     run.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="an experiment from `list`")
-    run.add_argument("--profile", choices=list(PROFILES), help=f"sizes to run at (default: ${ENV_VAR} or auto)")
+    run.add_argument("--profile", choices=list(PROFILES), help=f"sizes to run at (default: ${ENV_VAR}, else cpu; gpu on a GPU with {TRAIN_VAR}=all)")
     run.add_argument("--force", action="store_true", help="train again even if a cached result exists")
     run.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -79,7 +83,7 @@ def _command(args: argparse.Namespace) -> None:
             print(f"  {e.name:16s} {n:2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
     else:
         result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
-                                progress=not args.no_progress, workers=args.workers)
+                                progress=not args.no_progress, workers=args.workers, budget=math.inf)
         if init_distributed()[0] != 0:  # under torchrun, rank 0 alone reports
             return
         print(f"{args.name} ({result.spec['profile']['name']} profile), {result.describe()}")

@@ -8,12 +8,14 @@ from typing import Any
 
 import torch
 
+from .cost import TRAIN_VAR, default_budget
 from .data import DatasetInfo, dataset_info
 from .plotting import use_book_style
 from .profiles import Profile, get_profile
 from .train import pick_device
 
-COLAB_GPU_HINT = "No GPU found. On Colab: Runtime > Change runtime type > T4 GPU, then run all cells again."
+COLAB_RUNTIME = "On Colab: Runtime > Change runtime type > T4 GPU, then run all cells again."
+COLAB_GPU_HINT = f"No GPU found. {COLAB_RUNTIME}"
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,11 @@ class Setup:
     dataset: DatasetInfo
 
     def __str__(self) -> str:
+        budget = default_budget()
+        training = (f"a cell trains at most {budget:g} min on its own ({TRAIN_VAR}=all: no limit)" if budget
+                    else f"{TRAIN_VAR}=all: every experiment missing from the cache trains, with no time limit")
         return (f"profile: {self.profile.name} | device: {self.device.type} | "
-                f"dataset: {self.dataset.name} at {self.profile.image_size} px")
+                f"dataset: {self.dataset.name} at {self.profile.image_size} px\n{training}")
 
 
 def setup(seed: int = 0) -> Setup:

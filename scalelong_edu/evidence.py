@@ -284,10 +284,10 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
 
 
 def ratio_text(test: PairedTest, what: str = "") -> str:
-    """A log-scale :func:`compare` as a reader reads it: ``"<what> 0.87x [0.80, 0.95], n = 3"``, the
+    """A log-scale :func:`compare` as a reader reads it: ``"<what> 0.87× [0.80, 0.95], n = 3"``, the
     treatment's value over the baseline's, seed by seed (geometric mean and 95% interval)."""
     lo, hi = (math.exp(v) for v in test.ci)
-    return f"{what + ' ' if what else ''}{math.exp(test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {test.n}"
+    return f"{what + ' ' if what else ''}{math.exp(test.estimate):.2f}× [{lo:.2f}, {hi:.2f}], n = {test.n}"
 
 
 def rate_text(test: RateTest, names: tuple[str, str] = ("none", "scaled")) -> str:
@@ -648,7 +648,7 @@ def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tu
     test = replace(paired_test(np.log(rows.base_steps), np.log(steps), math.log1p(margin), "less"),
                    censored=n - reached)
     lo, hi = (math.exp(-v) for v in test.ci[::-1])
-    text = f"speed-up {math.exp(-test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = {n}"
+    text = f"speed-up {math.exp(-test.estimate):.2f}× [{lo:.2f}, {hi:.2f}], n = {n}"
     if reached < n:
         text += f" ({n - reached} of {n} never reach the baseline's final FCD: counted at their last step)"
     return text, test

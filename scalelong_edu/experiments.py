@@ -27,6 +27,7 @@ From the shell: ``python -m scalelong_edu list`` and ``python -m scalelong_edu r
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -37,11 +38,13 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from . import __version__
+from .cost import (LIPSCHITZ_PASSES, Estimate, ModelCost, RunWork, Work, check_budget, default_budget,
+                   estimate, model_cost, seconds_per_step)
 from .data import data_root, dataset_info, load_dataset
 from .metrics import fcd, get_feature_classifier
 from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
@@ -100,6 +103,8 @@ class Experiment:
             ``seed_cap``).
         step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
             has to find a setting can run shorter).
+        long: each run trains the profile's ``long_steps`` instead (a model trained to draw
+            recognisable images, as chapter 1's).
         fd_points: how many times, evenly spaced over training, to measure the EMA model's
             Frechet classifier distance on ``fd_samples`` fresh samples (0: only the end grid).
         end_probes: measure robustness and Lipschitz factors at the end of each run.
@@ -119,6 +124,7 @@ class Experiment:
     adam_stats: bool = True
     seeds: int | None = None
     step_fraction: float = 1.0
+    long: bool = False
     fd_points: int = 0
     end_probes: bool = True
     fd_samples: int = 128
@@ -128,7 +134,7 @@ class Experiment:
 
     def steps(self, profile: Profile) -> int:
         """Training steps of every run under ``profile``."""
-        return max(1, round(profile.steps * self.step_fraction))
+        return profile.long_steps if self.long else max(1, round(profile.steps * self.step_fraction))
 
     def plan(self, profile: Profile) -> tuple[RunSpec, ...]:
         """Every run to train, seed by seed (all runs of seed 0 first, so an interrupted
@@ -152,7 +158,7 @@ class Experiment:
         return run_key(self._settings(), self._sizes(profile), asdict(run))
 
     def _settings(self) -> dict[str, Any]:
-        settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction")}
+        settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction", "long")}
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
@@ -200,6 +206,13 @@ DEPTHS = (2, 4, 6, 8)
 SWEEP = dict(step_fraction=1 / 3, adam_stats=False, fd_points=1, end_probes=False)
 """Chapter 8's sweeps: a third of the profile's steps, the Frechet distance at the end, no Adam
 statistics or end probes (the largest runs of the book, sized to a few hours of a 2-core CPU)."""
+
+
+LIVE = dict(seeds=2, step_fraction=0.7, adam_stats=False, fd_points=2, fd_samples=256, early_probes=(5, 300),
+            batch_norms=True, ema_loss=True)
+"""The recordings and size of the experiments a chapter's "at GPU scale" section trains live
+(:mod:`scalelong_edu.gpu_scale`): two seeds, 70% of the profile's steps, Fig. 1's recordings and the
+Frechet distance twice, so that each fits in 25 minutes of a Colab T4 by its FLOPs."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
@@ -260,6 +273,18 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "(against kappa-grid's CS at the same values; reviewer W2)",
                    tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
                                  model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.6, 0.9)), **SWEEP),
+        Experiment("live-ddpm", "conv UNet, no scaling, one seed, the profile's long_steps: chapter 1's DDPM at GPU "
+                   "scale", (RunSpec("none", "unet"),), seeds=1, long=True, adam_stats=False, end_probes=False,
+                   fd_points=1, fd_samples=256),
+        *(Experiment(f"live-{b}", f"{name} at GPU scale: none vs {label}, two seeds (a chapter's live section)",
+                     (RunSpec("none", b), RunSpec(label, b, method, kappa)), **LIVE)
+          for b, name, (label, method, kappa) in (("unet", "conv UNet", METHODS[1]), ("uvit", "U-ViT", METHODS[2]))),
+        Experiment("live-ls", "U-ViT at GPU scale: none vs LS, two seeds (chapter 7's live section; none is "
+                   "live-uvit's)", (RunSpec("none"), RunSpec("LS", "uvit", "ls")), **LIVE),
+        Experiment("live-depth", "U-ViT with N = 8 long skips at GPU scale: none vs CS (kappa=0.5), two seeds, "
+                   "half the steps (chapter 8's live section)",
+                   tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
+                         for label, method, kappa in (METHODS[0], METHODS[2])), **{**LIVE, "step_fraction": 0.5}),
         Experiment("stability-map", "U-ViT, N = 2, 4, 8, at 8x and 16x the gentle learning rate: none vs "
                    "1/sqrt(2)-CS vs CS vs LS, two seeds (with depth-uvit at 1x, a map of where training holds)",
                    tuple(RunSpec(f"{label}, N={n}, lr x{k}", "uvit", method, kappa, lr_scale=k,
@@ -411,6 +436,65 @@ def fixed_batch(profile: Profile, schedule: Schedule) -> tuple[torch.Tensor, tor
     return probe_batch(test, profile.batch_size, schedule)
 
 
+def _preset(run: RunSpec, profile: Profile) -> str:
+    return profile.uvit if run.backbone == "uvit" else profile.unet
+
+
+def build_run_model(run: RunSpec, profile: Profile) -> torch.nn.Module:
+    """The freshly initialised model of ``run`` at ``profile`` (seed torch first for its weights)."""
+    return build_model(_preset(run, profile), dataset_info(profile.dataset).channels, profile.image_size, run.method,
+                       run.kappa, **dict(run.model_overrides))
+
+
+def train_config(run: RunSpec, experiment: Experiment, profile: Profile) -> TrainConfig:
+    """The optimisation settings of ``run`` (a run of :meth:`Experiment.plan`) at ``profile``."""
+    return TrainConfig(steps=experiment.steps(profile), batch_size=profile.batch_size, lr=run.lr,
+                       warmup=profile.warmup, ema_decay=profile.ema_decay, grad_clip=run.grad_clip, seed=run.seed)
+
+
+def work(experiment: Experiment, profile: Profile, runs: Sequence[RunSpec] | None = None) -> Work:
+    """What training ``runs`` (default: the whole plan) of ``experiment`` computes at ``profile``,
+    evaluations included (:mod:`scalelong_edu.cost`): the numbers an estimate of its time rests on."""
+    runs = experiment.plan(profile) if runs is None else runs
+    steps = experiment.steps(profile)
+    every, until = experiment.early_probes or (profile.eval_every, 0)
+    probes = steps // profile.eval_every + 1 + until // every
+    forwards = profile.sample_steps * (experiment.fd_points * experiment.fd_samples + profile.n_samples)
+    forwards += probes * profile.batch_size * experiment.ema_loss
+    if experiment.end_probes:
+        forwards += (len(experiment.robustness_sigmas) + LIPSCHITZ_PASSES) * profile.batch_size
+    return Work(tuple(RunWork(_model_cost(r, profile), steps, probes, forwards) for r in runs),
+                profile.dataset, profile.image_size, profile.batch_size)
+
+
+def _model_cost(run: RunSpec, profile: Profile) -> ModelCost:
+    return _counted(_preset(run, profile), run.method, run.kappa, run.model_overrides, dataset_info(profile.dataset).channels,
+                    profile.image_size, profile.batch_size)
+
+
+@functools.cache
+def _counted(preset: str, method: str, kappa: float, overrides: tuple, channels: int, image_size: int,
+             batch_size: int) -> ModelCost:
+    """:func:`scalelong_edu.cost.model_cost` of one model, counted once per process."""
+    with torch.device("meta"):
+        model = build_model(preset, channels, image_size, method, kappa, **dict(overrides))
+    return model_cost(model, preset, channels, image_size, batch_size)
+
+
+def estimate_here(experiment: Experiment, profile: Profile, runs: Sequence[RunSpec], device: torch.device) -> Estimate:
+    """How long training ``runs`` of ``experiment`` should take on ``device``: :func:`work`, with a
+    few training steps of each distinct model timed there (:func:`scalelong_edu.cost.seconds_per_step`)."""
+    timed: dict[tuple, float] = {}
+    channels = dataset_info(profile.dataset).channels
+    for run in runs:
+        key = (run.backbone, run.method, run.model_overrides)
+        if key not in timed:
+            timed[key] = seconds_per_step(build_run_model(run, profile), train_config(run, experiment, profile),
+                                          channels, profile.image_size, device)
+    return estimate(work(experiment, profile, runs), [timed[(r.backbone, r.method, r.model_overrides)] for r in runs],
+                    device)
+
+
 def train_run(
     run: RunSpec, experiment: Experiment, profile: Profile, device: torch.device | None = None, progress: bool = True
 ) -> dict[str, Any]:
@@ -421,11 +505,9 @@ def train_run(
     train = load_dataset(profile.dataset, "train", image_size=profile.image_size)
     images = train.tensors()[0]
     torch.manual_seed(run.seed)
-    preset = profile.uvit if run.backbone == "uvit" else profile.unet
-    model = build_model(preset, train.channels, profile.image_size, run.method, run.kappa, **dict(run.model_overrides))
+    model = build_run_model(run, profile)
     schedule = SCHEDULES[experiment.schedule]()
-    config = TrainConfig(steps=experiment.steps(profile), batch_size=profile.batch_size, lr=run.lr,
-                         warmup=profile.warmup, ema_decay=profile.ema_decay, grad_clip=run.grad_clip, seed=run.seed)
+    config = train_config(run, experiment, profile)
     trainer = Trainer(model, images, schedule, config, device=device, progress=progress,
                       spec={"run": asdict(run), "experiment": experiment.name, "profile": profile.name})
     batch = tuple(x.to(trainer.device) for x in fixed_batch(profile, schedule))
@@ -616,9 +698,14 @@ def _train_and_keep(run: RunSpec, experiment: Experiment, profile: Profile, file
 
 def run_experiment(
     name: str, profile: str | Profile | None = None, force: bool = False, device: str | None = None,
-    progress: bool = True, workers: int = 1,
+    progress: bool = True, workers: int = 1, budget: float | None = None,
 ) -> ExperimentResult:
     """The experiment's result: from the cache when its spec matches, else trained now and cached.
+
+    Before training it prints what it will train and how long that should take here
+    (:func:`estimate_here`), and raises :class:`~scalelong_edu.cost.BudgetExceeded` instead when
+    that is over ``budget`` minutes: by default :func:`~scalelong_edu.cost.default_budget` (25
+    minutes, none with ``SCALELONG_TRAIN=all``); ``math.inf`` for no limit (the command line).
 
     Every finished run is kept (``runs_dir``) until all are done, so a rerun after an
     interruption (Ctrl-C raises :class:`Interrupted`, a KeyboardInterrupt that says what is kept)
@@ -665,6 +752,11 @@ def run_experiment(
             todo.remove(i)
             say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is already trained: reused from "
                 f"{source[0].name}")
+    if todo:
+        cost = estimate_here(experiment, profile, [plan[i] for i in todo], dev)
+        say(f"to train: {cost}")
+        check_budget(cost, default_budget() if budget is None else budget,
+                     f"python -m scalelong_edu run {name} --profile {profile.name}")
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),

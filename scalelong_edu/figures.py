@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .plotting import legend_below, log_axis
+from .plotting import legend_below, log_axis, pretty
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,7 +63,7 @@ def plot_over_training(
                 mean, low, high = by_step.mean(), by_step.min(), by_step.max()
                 ax.plot(mean.index, mean, color=colors[skip], lw=1.3, label=f"skip {skip}")
                 ax.fill_between(mean.index, low, high, color=colors[skip], alpha=0.15, lw=0)
-            ax.set_title(f"{label}\n{title}", fontsize=10)
+            ax.set_title(f"{pretty(label)}\n{title}", fontsize=10)
             if log:
                 log_axis(ax)
         row[0].set_ylabel(ylabel)
@@ -98,8 +98,8 @@ def plot_intervals(
             ax.plot([lo, hi], [y, y], color=colors[label], lw=3, solid_capstyle="butt")
             ax.plot(s.summary.mean, y, "o", color=colors[label], ms=7)
             ax.plot(s.summary.values, [y] * s.summary.n, "|", color="black", ms=8)
-        ax.set_yticks(range(len(summaries)),
-                      [f"{label} ({s.diverged} diverged)" if s.diverged else label for label, s in summaries.items()])
+        names = [f"{label} ({s.diverged} diverged)" if s.diverged else label for label, s in summaries.items()]
+        ax.set_yticks(range(len(summaries)), [pretty(name) for name in names])
         ax.invert_yaxis()
         ax.set_title(title, fontsize=11)
         ax.set_xlabel(label_x)
@@ -126,7 +126,7 @@ def plot_against_tail_sum(
     log_axis(ax, "y")
     ax.set_xlabel(r"$S_i = \sum_{j \geq i} \kappa_j^2$")
     ax.set_ylabel(ylabel)
-    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=label) for label, c in colors.items()
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=pretty(label)) for label, c in colors.items()
                if label in set(frame.label)]
     if marker_by:
         handles += [plt.Line2D([], [], ls="", marker=markers[g], color="grey", label=str(g)) for g in groups]
@@ -237,7 +237,7 @@ def plot_stability_maps(stability: pd.DataFrame, ncols: int = 2) -> Figure:
         notes = rows.assign(text=text).pivot(index="lr_scale", columns="N", values="text").loc[share.index]
         sns.heatmap(share, vmin=0, vmax=1, cmap="rocket_r", annot=notes, fmt="", cbar=False, ax=ax,
                     linewidths=0.5, linecolor="white")
-        ax.set_title(method)
+        ax.set_title(pretty(method))
         ax.set_xlabel("N (long skips)")
         ax.set_ylabel("learning rate ×")
         ax.set_yticklabels([f"{v:g}" for v in share.index], rotation=0)

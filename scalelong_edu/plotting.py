@@ -2,6 +2,7 @@
 
 * :func:`use_book_style`, :data:`METHOD_COLORS`, :func:`legend_below` -- the look every chapter
   uses: one style, text no smaller than :data:`MIN_FONT_SIZE`, legends that cover no curve;
+* :func:`pretty` -- a run label as a reader sees it (``CS (kappa=0.5)`` -> ``CS (κ = 0.5)``);
 * :func:`image_grid`, :func:`show_images` -- a batch of images in [-1, 1] as one tiled picture
   (``torchvision.utils.make_grid`` underneath);
 * :func:`plot_forward_process` -- images noised to several ``t`` by ``q(x_t | x_0)``;
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import matplotlib as mpl
@@ -72,8 +74,24 @@ def use_book_style() -> None:
     sns.set_theme(style="whitegrid", context="notebook", rc=BOOK_RC)
 
 
+PRETTY = ((r"1/sqrt\(2\)", "1/√2"), (r"(?<!\\)\bkappa\s*=\s*", "κ = "), (r"(?<!\\)\bkappa\b", "κ"),
+          (r"(?<!\\)\beta\s*=\s*", "η = "), (r"(?<!\\)\beta\b", "η"), (r"\bN\s*=\s*", "N = "),
+          (r"\blr x(?=\d)", "lr ×"))
+"""What :func:`pretty` rewrites: the ASCII of the run labels (which key the cached results, so
+they stay as they are) into the symbols of the text; mathtext such as ``$\\kappa$`` is left alone."""
+
+
+def pretty(label: str) -> str:
+    """``label`` as figures and tables print it: ``1/sqrt(2)-CS`` -> ``1/√2-CS``, ``CS (kappa=0.5)``
+    -> ``CS (κ = 0.5)``, ``eta=0.3`` -> ``η = 0.3``, ``N=8`` -> ``N = 8``, ``lr x16`` -> ``lr ×16``."""
+    for pattern, symbol in PRETTY:
+        label = re.sub(pattern, symbol, label)
+    return label
+
+
 def legend_below(ax: Axes, ncol: int = 2, **kwargs: Any) -> Legend:
-    """A legend centred under ``ax``, below its tick labels and axis label, so it covers no curve.
+    """A legend centred under ``ax``, below its tick labels and axis label, so it covers no curve;
+    its entries go through :func:`pretty`.
 
     The offset is computed in points from the current tick and label sizes, so it holds at any
     figure size; a figure saved with ``bbox_inches="tight"`` (Jupyter's default) keeps it in view.
@@ -86,6 +104,9 @@ def legend_below(ax: Axes, ncol: int = 2, **kwargs: Any) -> Legend:
     below = ax.transAxes + mtransforms.ScaledTranslation(0, -drop / 72, ax.figure.dpi_scale_trans)
     kwargs = {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": below, "ncol": ncol,
               "frameon": False, **kwargs}
+    if "handles" not in kwargs:
+        handles, names = ax.get_legend_handles_labels()
+        kwargs.update(handles=handles, labels=[pretty(name) for name in names])
     return ax.legend(**kwargs)
 
 

@@ -9,8 +9,11 @@
   The paper's U-ViT-S/2 (preset ``uvit-cifar``) costs 4x the FLOPs of ``uvit-m`` a step: too
   slow for a T4 chapter, there for readers with a bigger GPU.
 
-The profile comes from ``SCALELONG_PROFILE`` when set, else ``gpu`` if CUDA is available,
-else ``cpu``. Experiments ask their profile for sizes; notebooks never branch on it.
+The book's text rests on the committed ``cpu`` results on every device, so the profile comes from
+``SCALELONG_PROFILE`` when set, else ``gpu`` if CUDA is available *and* the reader asked for every
+experiment to be trained (``SCALELONG_TRAIN=all``, :mod:`scalelong_edu.cost`), else ``cpu``. What a
+GPU trains by default is each chapter's "at GPU scale" section, at :func:`live_profile`.
+Experiments ask their profile for sizes; notebooks never branch on it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import os
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .cost import train_everything
 
 ENV_VAR = "SCALELONG_PROFILE"
 
@@ -103,8 +108,15 @@ PROFILES: dict[str, Profile] = {
 
 
 def get_profile(name: str | None = None) -> Profile:
-    """The named profile, else ``$SCALELONG_PROFILE``, else ``gpu`` with CUDA and ``cpu`` without."""
-    name = name or os.environ.get(ENV_VAR) or ("gpu" if torch.cuda.is_available() else "cpu")
+    """The named profile, else ``$SCALELONG_PROFILE``, else ``gpu`` with CUDA when
+    ``SCALELONG_TRAIN=all``, else ``cpu`` (the committed results)."""
+    name = name or os.environ.get(ENV_VAR) or ("gpu" if torch.cuda.is_available() and train_everything() else "cpu")
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)} (set {ENV_VAR} or pass it)")
     return PROFILES[name]
+
+
+def live_profile() -> Profile:
+    """The profile of a chapter's "at GPU scale" section: ``gpu``, or ``ci`` when the book runs at
+    ``ci`` (the tests run every section end to end at that size)."""
+    return PROFILES["ci"] if get_profile().name == "ci" else PROFILES["gpu"]

@@ -390,7 +390,8 @@ class Trainer:
 
         With ``checkpoint``: check that it can be written and that its folder has room for it
         (:meth:`checkpoint_size`) before training, resume from it when the file exists, save every
-        ``checkpoint_every`` steps (0 = only at the end) and at the end. ``new_settings=True``
+        ``checkpoint_every`` steps (0 = only at the end) and at the end when it trained (a finished
+        checkpoint is only read: it may be a committed file). ``new_settings=True``
         resumes it with this trainer's ``steps``, ``lr``, ``grad_clip`` and ``warmup`` where they
         differ from the checkpoint's (e.g. after a divergence); the change is printed and kept in
         :attr:`resumes` and in later checkpoints. ``until`` may not pass ``config.steps``, so every
@@ -405,7 +406,7 @@ class Trainer:
                 check_free_space(checkpoint, self.checkpoint_size(), "the checkpoint")
             if Path(checkpoint).exists():
                 self.load(checkpoint, new_settings=new_settings)
-        bar = None
+        first, bar = self.step, None
         if self.progress and self.rank == 0 and self.step < until:
             from tqdm.auto import tqdm
 
@@ -420,7 +421,7 @@ class Trainer:
                 self.save(checkpoint)
         if bar is not None:
             bar.close()
-        if checkpoint is not None:
+        if checkpoint is not None and (self.step > first or not Path(checkpoint).exists()):
             self.save(checkpoint)
         for cb in self.callbacks:
             cb.on_fit_end(self)

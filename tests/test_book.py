@@ -12,10 +12,15 @@ from scalelong_edu import book
 def test_setup_states_profile_device_and_dataset(monkeypatch, capsys):
     monkeypatch.setenv("SCALELONG_PROFILE", "ci")
     monkeypatch.setenv("SCALELONG_DEVICE", "cpu")
+    monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
     env = book.setup(seed=3)
-    assert capsys.readouterr().out == "profile: ci | device: cpu | dataset: digits8x8 at 16 px\n"
+    assert capsys.readouterr().out == ("profile: ci | device: cpu | dataset: digits8x8 at 16 px\n"
+                                       "a cell trains at most 25 min on its own (SCALELONG_TRAIN=all: no limit)\n")
     assert env.profile.name == "ci" and env.dataset.channels == 1
     assert torch.initial_seed() == 3
+    monkeypatch.setenv("SCALELONG_TRAIN", "all")
+    book.setup()
+    assert "SCALELONG_TRAIN=all: every experiment missing from the cache trains" in capsys.readouterr().out
 
 
 def test_setup_tells_colab_users_how_to_get_a_gpu(monkeypatch, capsys):

@@ -547,7 +547,7 @@ def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
                        table("slow", [0.5, 0.6, 0.55]), table("split", [1.2, float("nan"), 1.3]),
                        table("never", [float("nan")] * 3)])
     text, test = evidence.speedup_verdict(speed, "fast")
-    assert test.verdict == "reproduced" and text.startswith("speed-up 1.55x [") and text.endswith("n = 3")
+    assert test.verdict == "reproduced" and text.startswith("speed-up 1.55× [") and text.endswith("n = 3")
     assert test == paired_test([math.log(100.0)] * 3, [math.log(100 / v) for v in (1.5, 1.6, 1.55)],
                                math.log1p(0.05))
     assert evidence.speedup_verdict(speed, "same")[1].verdict == "undecided"
@@ -567,7 +567,7 @@ def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
 def test_ratio_and_rate_texts_read_the_tests_back():
     test = compare(_paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9), (8.0, 4.2)]), "loss", "CS")
     lo, hi = (math.exp(v) for v in test.ci)
-    assert evidence.ratio_text(test, "loss") == f"loss {math.exp(test.estimate):.2f}x [{lo:.2f}, {hi:.2f}], n = 4"
+    assert evidence.ratio_text(test, "loss") == f"loss {math.exp(test.estimate):.2f}× [{lo:.2f}, {hi:.2f}], n = 4"
     rates = compare_breakdowns(_paired_table([(1.0, 0.5)] * 8, broke=range(8)), "CS")
     assert evidence.rate_text(rates, ("none", "CS")).startswith("none 8/8 [0.63, 1.00], CS 0/8 [0.00, 0.37]")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalelong_edu import cost
 from scalelong_edu import experiments as ex
 from scalelong_edu import __main__ as cli
 from scalelong_edu.__main__ import main
@@ -29,7 +30,7 @@ QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec(
                       robustness_sigmas=(0.0, 0.1))
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
          "unet-lr-sweep", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet",
-         "kappa-grid", "block-output", "stability-map"]
+         "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls", "live-depth", "stability-map"]
 
 
 @pytest.fixture(autouse=True)
@@ -494,15 +495,17 @@ def test_the_named_experiments():
 
 
 def test_every_named_experiment_builds_its_models_at_every_profile():
+    models = set()  # ~1,100 runs share ~200 models (seeds, learning rates): each is built once
     for e in ex.EXPERIMENTS.values():
         for profile in PROFILES.values():
             for run in e.plan(profile):
                 assert run.lr > 0
                 preset = profile.uvit if run.backbone == "uvit" else profile.unet
-                with torch.device("meta"):
-                    model = ex.build_model(preset, 1, profile.image_size, run.method, run.kappa,
-                                           **dict(run.model_overrides))
-                assert model.n_skips >= 1
+                models.add((preset, profile.image_size, run.method, run.kappa, run.model_overrides))
+    for preset, image_size, method, kappa, overrides in models:
+        with torch.device("meta"):
+            model = ex.build_model(preset, 1, image_size, method, kappa, **dict(overrides))
+        assert model.n_skips >= 1, (preset, method, kappa, overrides)
 
 
 def test_unknown_names_raise():
@@ -516,7 +519,13 @@ def test_profile_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("SCALELONG_PROFILE", "ci")
     assert get_profile().name == "ci"
     monkeypatch.delenv("SCALELONG_PROFILE")
-    assert get_profile().name == ("gpu" if torch.cuda.is_available() else "cpu")
+    monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert get_profile().name == "cpu"  # the text rests on the committed cpu results, GPU or not
+    monkeypatch.setenv("SCALELONG_TRAIN", "all")
+    assert get_profile().name == "gpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert get_profile().name == "cpu"
 
 
 def test_cli(capsys, monkeypatch):
@@ -627,6 +636,8 @@ def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp
 
     monkeypatch.setattr(ex, "build_model", recording_build)
     monkeypatch.setattr(Trainer, "_next_batch", recording_batch)
+    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "digits", 16, 8)
+    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))  # no builds
     pair = ex.Experiment("pair", "none vs LS", (ex.RunSpec("none"), ex.RunSpec("LS", method="ls")), end_probes=False)
     monkeypatch.setitem(ex.EXPERIMENTS, "pair", pair)
     result = ex.run_experiment("pair", TINY, progress=False)

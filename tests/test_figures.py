@@ -195,7 +195,7 @@ def test_plot_kappa_profile_means_over_seeds_with_references():
     lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
     assert list(lines["LS"].get_ydata()) == pytest.approx([0.6, 0.3])
     assert list(lines["CS, kappa = 0.5"].get_ydata()) == [1, 0.5]
-    assert legend_texts(ax.get_legend()) == ["LS", "CS, kappa = 0.5"]
+    assert legend_texts(ax.get_legend()) == ["LS", "CS, κ = 0.5"]
 
 
 def test_plot_sweep_one_errorbar_line_per_method_at_the_swept_values():

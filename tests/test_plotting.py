@@ -298,3 +298,16 @@ def test_legend_below_sits_under_the_tick_and_axis_labels():
         _, other = plt.subplots()
         other.plot([0, 1], label="a")
         assert legend_below(other, ncol=1, title="t").get_title().get_text() == "t"
+
+
+def test_run_labels_read_as_the_text_writes_them():
+    assert plotting.pretty("1/sqrt(2)-CS") == "1/√2-CS"
+    assert plotting.pretty("CS (kappa=0.5), N=8, lr x16") == "CS (κ = 0.5), N = 8, lr ×16"
+    assert plotting.pretty("block-output (eta=0.3)") == "block-output (η = 0.3)"
+    math = r"$\kappa_i$ and $\eta^{i-1}$, beta, LS per skip"
+    assert plotting.pretty(math) == math
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], label="CS (kappa=0.5)")
+    legend = plotting.legend_below(ax)
+    assert [t.get_text() for t in legend.get_texts()] == ["CS (κ = 0.5)"]
+    plt.close(fig)
