@@ -63,7 +63,7 @@ def worker_processes(parent, n, timeout=120):
 def test_a_killed_worker_costs_its_run_only_and_the_sweep_exits_non_zero(tmp_path):
     """Case 1: kill -9 one of two workers; the other run finishes and is kept, the parent exits 1
     naming the lost run, and a rerun trains only that one. Case 15: no leaked-semaphore warning."""
-    parent = start(tmp_path, "--workers", "2", steps=300)
+    parent = start(tmp_path, "--workers", "2", steps=30)
     worker_processes(parent, 2)[0].kill()
     out, err = parent.communicate(timeout=300)
     assert parent.returncode == 1, err
@@ -72,7 +72,7 @@ def test_a_killed_worker_costs_its_run_only_and_the_sweep_exits_non_zero(tmp_pat
     assert "leaked" not in err and "Traceback" not in err
     (runs,) = tmp_path.glob("*.runs")
     assert len(list(runs.iterdir())) == 1
-    rerun = start(tmp_path, "--no-progress", steps=300)
+    rerun = start(tmp_path, "--no-progress", steps=30)
     out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err
     assert rerun.returncode == 0 and "quick (tiny profile)" in out
