@@ -555,6 +555,9 @@ def test_cli_failures_print_one_line_and_exit_non_zero(capsys, monkeypatch):
         raise RuntimeError("Could not download or load dataset 'cifar10' into data (no internet?).\n  - details")
 
     monkeypatch.setattr(ex, "load_dataset", offline)
+    # the cost estimate would time gpu-sized steps on this CPU first (minutes; to be moved after the data check)
+    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "cifar10", 32, 128)
+    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))
     assert main(["run", "quick", "--profile", "gpu", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset 'cifar10'" in err and "use --profile cpu" in err
