@@ -23,3 +23,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def results_here(tmp_path, monkeypatch):
+    """Experiments cache into a fresh folder, with the reader's default budget (no SCALELONG_TRAIN)."""
+    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
+    monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
+    return tmp_path

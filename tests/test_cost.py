@@ -23,11 +23,9 @@ QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec(
 
 
 @pytest.fixture(autouse=True)
-def tmp_results(tmp_path, monkeypatch):
-    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
-    monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
+def tmp_results(results_here, monkeypatch):
     monkeypatch.setitem(ex.EXPERIMENTS, "quick", QUICK)
-    return tmp_path
+    return results_here
 
 
 @pytest.mark.parametrize("preset", ["unet-ci", "uvit-ci"])

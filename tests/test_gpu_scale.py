@@ -21,11 +21,9 @@ QUICK = ex.Experiment("quick", "two tiny runs, the Frechet distance twice",
 
 
 @pytest.fixture(autouse=True)
-def tmp_results(tmp_path, monkeypatch):
-    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
-    monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
+def tmp_results(results_here, monkeypatch):
     monkeypatch.setitem(ex.EXPERIMENTS, "quick", QUICK)
-    return tmp_path
+    return results_here
 
 
 def test_a_section_without_a_gpu_says_what_it_would_train(monkeypatch, capsys):
