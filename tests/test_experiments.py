@@ -40,6 +40,12 @@ def tmp_results(tmp_path, monkeypatch):
     return tmp_path
 
 
+def untimed_estimate(monkeypatch):
+    """run_experiment's cost estimate without building or timing a model (a zero-minute stub)."""
+    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "stub", 16, 8)
+    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))
+
+
 def write_gzip(path, text):
     path.write_bytes(gzip.compress(text.encode()))
 
@@ -555,9 +561,7 @@ def test_cli_failures_print_one_line_and_exit_non_zero(capsys, monkeypatch):
         raise RuntimeError("Could not download or load dataset 'cifar10' into data (no internet?).\n  - details")
 
     monkeypatch.setattr(ex, "load_dataset", offline)
-    # the cost estimate would time gpu-sized steps on this CPU first (minutes; to be moved after the data check)
-    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "cifar10", 32, 128)
-    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))
+    untimed_estimate(monkeypatch)  # it would time gpu-sized steps on this CPU first (minutes)
     assert main(["run", "quick", "--profile", "gpu", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset 'cifar10'" in err and "use --profile cpu" in err
@@ -639,8 +643,7 @@ def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp
 
     monkeypatch.setattr(ex, "build_model", recording_build)
     monkeypatch.setattr(Trainer, "_next_batch", recording_batch)
-    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "digits", 16, 8)
-    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))  # no builds
+    untimed_estimate(monkeypatch)  # timing would build models of its own
     pair = ex.Experiment("pair", "none vs LS", (ex.RunSpec("none"), ex.RunSpec("LS", method="ls")), end_probes=False)
     monkeypatch.setitem(ex.EXPERIMENTS, "pair", pair)
     result = ex.run_experiment("pair", TINY, progress=False)
