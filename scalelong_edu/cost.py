@@ -24,11 +24,12 @@ forward and a backward pass). The estimate ignores data loading and Python overh
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -140,19 +141,22 @@ def t4_minutes(work: Work, tflops: float = T4_TFLOPS) -> float:
 
 
 def seconds_per_step(model: nn.Module, config: TrainConfig, channels: int, image_size: int,
-                     device: torch.device, steps: int = 3) -> float:
+                     device: torch.device, steps: int = 3, max_seconds: float = 10.0) -> float:
     """Seconds of one training step of a copy of ``model`` under ``config`` (batch, AMP) on
-    ``device``, timed over ``steps`` steps after one warm-up step, on random images."""
+    ``device``, on random images: the mean of ``steps`` steps after one warm-up step, or of as many
+    as fit in ``max_seconds`` (at least one), so that a model too large for the device is not timed
+    for minutes."""
     images = torch.rand(2 * config.batch_size, channels, image_size, image_size) * 2 - 1
     trainer = Trainer(copy.deepcopy(model), images, linear_schedule(), replace(config, steps=steps + 1),
                       device=device, progress=False)
     trainer.train_step()
     _synchronize(trainer.device)
-    start = time.perf_counter()
-    for _ in range(steps):
+    start, timed = time.perf_counter(), 0
+    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
         trainer.train_step()
-    _synchronize(trainer.device)
-    return (time.perf_counter() - start) / steps
+        _synchronize(trainer.device)
+        timed += 1
+    return (time.perf_counter() - start) / timed
 
 
 def _synchronize(device: torch.device) -> None:
@@ -207,12 +211,19 @@ def check_budget(estimate: Estimate, budget: float | None, command: str) -> None
             f"(in the shell, or os.environ[{TRAIN_VAR!r}] = 'all' before the first cell) or run `{command}`.")
 
 
+def announce(plan: Estimate, budget: float | None, command: str, say: Callable[[str], None] | None = None) -> None:
+    """Say (default: print) what is about to be trained and how long it should take (``plan``), then
+    :func:`check_budget` it against ``budget`` (``None``: :func:`default_budget`)."""
+    (say or functools.partial(print, flush=True))(f"to train: {plan}")
+    check_budget(plan, default_budget() if budget is None else budget, command)
+
+
 def fit_or_load(trainer: Trainer, checkpoint: str | Path, model: str, dataset: str, budget: float | None = None,
                 checkpoint_every: int = 500) -> Trainer:
     """``trainer`` trained to ``config.steps``: loaded from ``checkpoint`` when that holds the finished
     run (:meth:`~scalelong_edu.train.Trainer.fit` checks that it is this run), else trained into it
-    (resuming what it holds) after saying what that costs here and checking it against ``budget`` as
-    :func:`check_budget` does. ``model`` and ``dataset`` name what is trained, for the message."""
+    (resuming what it holds) after saying what that costs here and checking it against ``budget``
+    (:func:`announce`). ``model`` and ``dataset`` name what is trained, for the message."""
     config, images = trainer.config, trainer.images
     done = load_checkpoint(checkpoint)["step"] if Path(checkpoint).exists() else 0
     if done < config.steps:
@@ -220,9 +231,7 @@ def fit_or_load(trainer: Trainer, checkpoint: str | Path, model: str, dataset: s
         work = Work((RunWork(model_cost(trainer.model, model, images.shape[1], size, config.batch_size),
                              config.steps - done, 0, 0),), dataset, size, config.batch_size)
         seconds = seconds_per_step(trainer.model, config, images.shape[1], size, trainer.device)
-        plan = estimate(work, [seconds], trainer.device)
-        print(f"to train: {plan}", flush=True)
-        check_budget(plan, default_budget() if budget is None else budget, "make execute")
+        announce(estimate(work, [seconds], trainer.device), budget, "make execute")
     trainer.fit(checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     if done >= config.steps:
         print(f"loaded the trained model from {Path(checkpoint).name} (step {trainer.step:,} of {config.steps:,})")

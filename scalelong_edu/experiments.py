@@ -27,6 +27,7 @@ From the shell: ``python -m scalelong_edu list`` and ``python -m scalelong_edu r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -43,12 +44,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import __version__
-from .cost import (LIPSCHITZ_PASSES, Estimate, ModelCost, RunWork, Work, check_budget, default_budget,
-                   estimate, model_cost, seconds_per_step)
+from .cost import (LIPSCHITZ_PASSES, Estimate, ModelCost, RunWork, Work, announce, estimate, model_cost,
+                   seconds_per_step)
 from .data import data_root, dataset_info, load_dataset
 from .metrics import fcd, get_feature_classifier
 from .diffusion import Schedule, cosine_schedule, ddim_sample, linear_schedule, q_sample
-from .files import atomic_write, check_free_space, check_writable
+from .files import atomic_write, check_free_space, check_writable, exclusive
 from .models import build_model, count_parameters
 from .probes import BatchNorms, ProbeRecorder, fixed_batch_loss, lipschitz, probe_batch, robustness, to_frame
 from .profiles import Profile, get_profile
@@ -468,8 +469,8 @@ def work(experiment: Experiment, profile: Profile, runs: Sequence[RunSpec] | Non
 
 
 def _model_cost(run: RunSpec, profile: Profile) -> ModelCost:
-    return _counted(_preset(run, profile), run.method, run.kappa, run.model_overrides, dataset_info(profile.dataset).channels,
-                    profile.image_size, profile.batch_size)
+    return _counted(_preset(run, profile), run.method, run.kappa, run.model_overrides,
+                    dataset_info(profile.dataset).channels, profile.image_size, profile.batch_size)
 
 
 @functools.cache
@@ -483,16 +484,15 @@ def _counted(preset: str, method: str, kappa: float, overrides: tuple, channels:
 
 def estimate_here(experiment: Experiment, profile: Profile, runs: Sequence[RunSpec], device: torch.device) -> Estimate:
     """How long training ``runs`` of ``experiment`` should take on ``device``: :func:`work`, with a
-    few training steps of each distinct model timed there (:func:`scalelong_edu.cost.seconds_per_step`)."""
-    timed: dict[tuple, float] = {}
-    channels = dataset_info(profile.dataset).channels
-    for run in runs:
-        key = (run.backbone, run.method, run.model_overrides)
-        if key not in timed:
-            timed[key] = seconds_per_step(build_run_model(run, profile), train_config(run, experiment, profile),
-                                          channels, profile.image_size, device)
-    return estimate(work(experiment, profile, runs), [timed[(r.backbone, r.method, r.model_overrides)] for r in runs],
-                    device)
+    few training steps timed there (:func:`scalelong_edu.cost.seconds_per_step`) for each model of
+    distinct FLOPs (the scaled and unscaled variants of a backbone cost the same)."""
+    models = [_model_cost(run, profile) for run in runs]
+    timed: dict[ModelCost, float] = {}
+    for run, model in zip(runs, models):
+        if model not in timed:
+            timed[model] = seconds_per_step(build_run_model(run, profile), train_config(run, experiment, profile),
+                                            dataset_info(profile.dataset).channels, profile.image_size, device)
+    return estimate(work(experiment, profile, runs), [timed[model] for model in models], device)
 
 
 def train_run(
@@ -712,7 +712,9 @@ def run_experiment(
     trains only the missing ones; ``force=True`` trains everything again. ``workers > 1`` trains
     that many runs at once on the CPU, each in its own process on one thread
     (:mod:`scalelong_edu.workers`: a worker that dies costs its run only; the others go on, and
-    the call then raises, with every finished run kept).
+    the call then raises, with every finished run kept). Two processes that need the same
+    uncached result do not both train it: the second waits for the first
+    (:func:`~scalelong_edu.files.exclusive`), then loads what it cached.
     """
     experiment = get_experiment(name)
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
@@ -728,13 +730,28 @@ def run_experiment(
         if progress and rank == 0:
             print(f"[{experiment.name}] {text}", flush=True)
 
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder where the result of {name} belongs: move or remove it")
-    if path.exists() and not force:
+    def cached() -> ExperimentResult | None:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder where the result of {name} belongs: move or remove it")
+        if force or not path.exists():
+            return None
         result = load_result(path, experiment.name)
         say(f"loaded from the cache: {path.name}\n  {result.describe()}")
         return result
+
+    if (result := cached()) is not None:
+        return result
     dev = pick_device(device)
+    lock = exclusive(path, "the experiment result", say) if rank == 0 else contextlib.nullcontext()  # rank 0 writes
+    with lock:
+        result = cached()  # trained meanwhile by the process that held the lock
+        return result if result is not None else _train(experiment, profile, path, force, dev, progress, workers,
+                                                        budget, say, rank)
+
+
+def _train(experiment: Experiment, profile: Profile, path: Path, force: bool, dev: torch.device, progress: bool,
+           workers: int, budget: float | None, say: Callable[[str], None], rank: int) -> ExperimentResult:
+    """The training half of :func:`run_experiment`: the runs not yet kept, trained and cached at ``path``."""
     plan = experiment.plan(profile)
     done, damaged = ({}, []) if force else finished_runs(experiment, profile, path)
     for message in damaged:
@@ -753,10 +770,9 @@ def run_experiment(
             say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is already trained: reused from "
                 f"{source[0].name}")
     if todo:
-        cost = estimate_here(experiment, profile, [plan[i] for i in todo], dev)
-        say(f"to train: {cost}")
-        check_budget(cost, default_budget() if budget is None else budget,
-                     f"python -m scalelong_edu run {name} --profile {profile.name}")
+        load_dataset(profile.dataset, "train", image_size=profile.image_size)  # one that cannot load fails first
+        announce(estimate_here(experiment, profile, [plan[i] for i in todo], dev), budget,
+                 f"python -m scalelong_edu run {experiment.name} --profile {profile.name}", say)
     result = ExperimentResult(
         spec=experiment.spec(profile),
         provenance={"package_version": __version__, "torch": torch.__version__, "python": platform.python_version(),

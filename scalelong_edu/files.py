@@ -1,12 +1,19 @@
-"""Writing files so that an interrupted run never leaves a half-written one behind."""
+"""Writing files so that an interrupted run never leaves a half-written one behind, and two
+processes never compute the same one at once."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 
 def _alive(pid: int) -> bool:
@@ -55,6 +62,31 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path, what: str, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock for computing ``path`` while the block runs, so that a second process
+    that wants the same file waits for the first (``say`` tells it so) instead of computing it too.
+    A ``path`` that could not be written raises first (:func:`check_writable`; ``what`` names it).
+
+    The lock is ``flock`` on an empty ``.<name>.lock`` beside ``path``, which stays there; the
+    system frees the lock when its holder exits, killed or not, so a dead holder never blocks the
+    next. Without ``fcntl`` (Windows) nothing is locked.
+    """
+    path = Path(path)
+    if fcntl is None:
+        yield
+        return
+    check_writable(path, what)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if say is not None:
+                say(f"another process is computing {path.name}: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def check_writable(path: str | Path, what: str) -> Path:

@@ -27,7 +27,7 @@ from .cost import t4_minutes
 from .evidence import fd_curves, features
 from .experiments import ExperimentResult, cache_path, get_experiment, run_experiment, work
 from .figures import plot_robustness
-from .plotting import MAX_FIGURE_WIDTH, METHOD_COLORS, legend_below, log_axis
+from .plotting import MAX_FIGURE_WIDTH, legend_below, log_axis, method_color
 from .profiles import live_profile
 from .train import pick_device
 
@@ -76,8 +76,9 @@ def over_training(result: ExperimentResult, quantity: str) -> pd.DataFrame:
             lambda s: s.rolling(window, min_periods=1).mean())
         frame = history[["label", "seed", "step"]].assign(value=value)
     elif quantity == "feature_norm":
-        norms = features(result).assign(log=lambda f: np.log(f["norm"]))
-        frame = norms.groupby(["label", "seed", "step"], sort=False).log.mean().map(np.exp).rename("value").reset_index()
+        logs = features(result).assign(log=lambda f: np.log(f["norm"]))
+        frame = logs.groupby(["label", "seed", "step"], sort=False).log.mean().map(np.exp).rename("value")
+        frame = frame.reset_index()
     else:
         frame = fd_curves(result).rename(columns={"fcd": "value"})
     order = {label: i for i, label in enumerate(result.labels)}
@@ -89,7 +90,7 @@ def plot_curves(frame: pd.DataFrame, quantity: str, ax: Axes) -> Axes:
     """:func:`over_training`'s ``frame`` on ``ax``: every seed a thin line, the median over seeds bold,
     one colour per method, log scale."""
     for label, rows in frame.groupby("label", sort=False):
-        color = METHOD_COLORS.get(rows.method.iloc[0], "black")
+        color = method_color(rows.method.iloc[0])
         for _, seed in rows.groupby("seed"):
             ax.plot(seed.step, seed.value, color=color, lw=0.6, alpha=0.45)
         median = rows.groupby("step").value.median()
@@ -144,7 +145,7 @@ def robustness_beside(chapter: int, cpu: ExperimentResult, live: ExperimentResul
     of the end-of-training robustness probe against the extra input noise, on the methods of chapter
     ``chapter``'s section."""
     labels = section_labels(chapter)
-    colors = {r["label"]: METHOD_COLORS[r["run"]["method"]] for r in (*cpu.runs, *(live.runs if live else ()))}
+    colors = {r["label"]: method_color(r["run"]["method"]) for r in (*cpu.runs, *(live.runs if live else ()))}
 
     def draw(ax: Axes, result: ExperimentResult) -> None:
         probes = result.probes()

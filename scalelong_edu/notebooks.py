@@ -28,12 +28,16 @@ META_KEY = "scalelong"
 EXECUTION_PROFILE = "cpu"
 
 INSTALL_CELL = """\
-# Runs anywhere: installs the book's helper package when it is missing (e.g. on Colab).
+# Runs anywhere. Where the helper package is missing (as on Colab), it clones the book:
+# the package, and the committed results (data/results) that the text rests on.
 try:
     import scalelong_edu
 except ImportError:
-    package = "git+{url}@{branch}"
-    %pip install --quiet "scalelong-edu @ {{package}}"
+    import os, sys
+    book = "{url}"
+    !test -d {name} || git clone -q --depth 1 -b {branch} $book {name}
+    %pip install --quiet -e {name}
+    sys.path.insert(0, os.path.abspath("{name}"))  # the kernel predates it
 from scalelong_edu.book import setup
 
 env = setup()"""
@@ -53,7 +57,8 @@ def install_cell() -> str:
     import yaml
 
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
-    return INSTALL_CELL.format(url=repo["url"], branch=repo.get("branch", "main"))
+    url = repo["url"].removesuffix("/")
+    return INSTALL_CELL.format(url=url, branch=repo.get("branch", "main"), name=url.rsplit("/", 1)[-1])
 
 
 def chapters() -> list[Path]:

@@ -1,6 +1,6 @@
 """One visual style for every figure of the book, and the figures the chapters share.
 
-* :func:`use_book_style`, :data:`METHOD_COLORS`, :func:`legend_below` -- the look every chapter
+* :func:`use_book_style`, :data:`METHOD_COLORS` (:func:`method_color`), :func:`legend_below` -- the look every chapter
   uses: one style, text no smaller than :data:`MIN_FONT_SIZE`, legends that cover no curve;
 * :func:`pretty` -- a run label as a reader sees it (``CS (kappa=0.5)`` -> ``CS (κ = 0.5)``);
 * :func:`image_grid`, :func:`show_images` -- a batch of images in [-1, 1] as one tiled picture
@@ -45,6 +45,11 @@ METHOD_COLORS = {
     "block-output": "#9467bd",
 }
 """A fixed colour per skip-scaling method, so a method looks the same in every chapter."""
+
+
+def method_color(method: str) -> str:
+    """:data:`METHOD_COLORS` of ``method``; dark grey for a method without a colour of its own."""
+    return METHOD_COLORS.get(method, "#333333")
 
 SCHEDULE_COLORS = {"linear": "#1f77b4", "cosine": "#ff7f0e", "vpsde": "#2ca02c"}
 """Colours of the noise schedules in :func:`plot_schedules` (others get seaborn's palette)."""

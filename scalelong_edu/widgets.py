@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .diagrams import skip_features
 from .models import PRESETS, UViT, build_model
-from .plotting import METHOD_COLORS, legend_below, log_axis
+from .plotting import legend_below, log_axis, method_color
 from .probes import FeatureNorms
 from .scaling import METHODS, Statistic, check_kappa, constant_scaling, make_scaling, path_factors
 from .theory import (
@@ -198,7 +198,7 @@ def plot_kappas(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, *,
     if ax is None:
         _, ax = plt.subplots(figsize=(6.6, 3.6))
     idx = np.arange(1, n + 1)
-    color = METHOD_COLORS.get(method, "#333333")
+    color = method_color(method)
     if values is None:
         ax.text(0.5, 0.42, "$\\kappa_i$ is learned by the calibration network,\nper sample and per channel/token.\n"
                 "See the LS chapter for trained gates.", transform=ax.transAxes, ha="center", va="center",
@@ -309,7 +309,7 @@ def plot_sum_kappa2(method: str, kappa: float = 0.5, n_skips: int = 6, ax=None, 
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.6, 3.6))
-    color = METHOD_COLORS.get(method, "#333333")
+    color = method_color(method)
     ax.axhspan(lo, hi, color="#1a9850", alpha=0.15, lw=0, label=f"target band [{lo:g}, {hi:g}]")
     ax.axvspan(*PAPER_KAPPA_RANGE, color="#999999", alpha=0.15, lw=0,
                label=f"paper's κ range [{PAPER_KAPPA_RANGE[0]:g}, {PAPER_KAPPA_RANGE[1]:g}]")
@@ -501,9 +501,9 @@ def plot_hidden_norms(norms: Sequence[float], method: str = "cs", kappa: float =
         _, ax = plt.subplots(figsize=(6.6, 3.6))
     idx = np.arange(1, n + 1)
     if reference is not None:
-        ax.plot(idx, reference, "s--", color=METHOD_COLORS["none"], lw=1.4, markersize=5, gid="norms_none",
+        ax.plot(idx, reference, "s--", color=method_color("none"), lw=1.4, markersize=5, gid="norms_none",
                 label="none")
-    ax.plot(idx, values, "o-", color=METHOD_COLORS.get(method, "#333333"), lw=1.8, markersize=6,
+    ax.plot(idx, values, "o-", color=method_color(method), lw=1.8, markersize=6,
             gid="norms_method", label=METHOD_LABELS[method])
     log_axis(ax, "y")
     ax.set_xlim(0.4, n + 0.6)

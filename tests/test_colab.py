@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COLAB_IPYWIDGETS = "7.7.1"  # what Colab has shipped for years; pip must not replace it
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPOSITORY = f"git+{CONFIG['repository']['url']}@{CONFIG['repository'].get('branch', 'main')}"
+CLONE = CONFIG["repository"]["url"].rstrip("/").rsplit("/", 1)[-1]  # the folder the install cell clones into
 
 
 def stand_in_colab(monkeypatch, **output_functions) -> types.ModuleType:
@@ -96,62 +96,71 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 
 shell = InteractiveShell.instance()
-installs = []
-shell.register_magic_function(lambda line: installs.append(line), "line", "pip")
+commands = []
+shell.register_magic_function(lambda line: commands.append("%pip " + line), "line", "pip")
+shell.system = lambda command: commands.append("!" + shell.var_expand(command))
 if sys.argv[2] == "missing":
     sys.modules["scalelong_edu"] = None  # as on a fresh Colab runtime: the import fails
 shell.run_cell(open(sys.argv[1]).read())
-print(json.dumps(installs))
+print(json.dumps(commands))
 """
 
 
 @pytest.mark.parametrize("package", ["present", "missing"])
-def test_the_install_cell_installs_from_the_configured_repository_only_when_needed(tmp_path, package):
+def test_the_install_cell_clones_the_configured_repository_only_when_needed(tmp_path, package):
     cell = tmp_path / "cell.py"
     cell.write_text(notebooks.install_cell())
     run = subprocess.run([sys.executable, "-c", RUN_CELL, str(cell), package], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "SCALELONG_PROFILE": "ci"})
-    installs = json.loads(run.stdout.strip().splitlines()[-1])
+    commands = json.loads(run.stdout.strip().splitlines()[-1])
     if package == "present":
-        assert installs == [] and "profile: ci" in run.stdout
+        assert commands == [] and "profile: ci" in run.stdout
     else:
-        assert installs == [f'install --quiet "scalelong-edu @ {REPOSITORY}"']  # {package} expanded
+        url, branch = CONFIG["repository"]["url"], CONFIG["repository"].get("branch", "main")
+        assert commands == [f"!test -d {CLONE} || git clone -q --depth 1 -b {branch} {url} {CLONE}",
+                            f"%pip install --quiet -e {CLONE}"]
 
 
 def test_every_chapter_and_the_readme_name_the_configured_repository():
     for path in notebooks.chapters():
         first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
         assert first.source == notebooks.install_cell(), path.name
-        assert REPOSITORY in first.source
+        assert CONFIG["repository"]["url"] in first.source
     assert f'pip install "scalelong-edu @ {REPOSITORY}"' in (ROOT / "README.md").read_text()
     assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
 
 
-WHEEL_CHECK = """
+CLONE_CHECK = """
 import sys
 from pathlib import Path
 import nbformat
 from IPython.core.interactiveshell import InteractiveShell
 
+shell = InteractiveShell.instance()
+chapters = [[c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"][:3]
+            for path in sys.argv[1:]]
+assert shell.run_cell(chapters[0][0]).success  # the install cell: clone, install, import
+
 import scalelong_edu
-from scalelong_edu import experiments
-assert Path(scalelong_edu.__file__).is_relative_to(Path(sys.prefix)), scalelong_edu.__file__
+from scalelong_edu import data, experiments
+
+clone = Path.cwd() / "{clone}"
+assert Path(scalelong_edu.__file__).is_relative_to(clone), scalelong_edu.__file__
+assert (data.data_root() / "results" / "ddpm-unet-cpu.pt").is_file(), "the committed results are not in the clone"
 
 
 def no_training(run, experiment, *args, **kwargs):
-    raise AssertionError(f"{experiment.name} is not cached at the ci profile in {experiments.results_dir()}: "
+    raise AssertionError(f"{{experiment.name}} is not cached at the ci profile in {{experiments.results_dir()}}: "
                          "the first cells would train live; cache it in warm_experiments() (tests/test_colab.py)")
 
 
-experiments.train_run = no_training  # this test checks the wheel, not how fast this machine trains
-shell = InteractiveShell.instance()
-for chapter in sys.argv[1:]:
-    cells = [c for c in nbformat.read(chapter, as_version=4).cells if c.cell_type == "code"]
-    for cell in cells[:3]:
-        result = shell.run_cell(cell.source)
-        assert result.success, (chapter, cell.source[:80], result.error_in_exec)
+experiments.train_run = no_training  # this test checks the install, not how fast this machine trains
+for path, cells in zip(sys.argv[1:], chapters):
+    for source in cells:
+        result = shell.run_cell(source)
+        assert result.success, (path, source[:80], result.error_in_exec)
 print("chapters ran from", scalelong_edu.__file__)
-"""
+""".format(clone=CLONE)
 
 
 def warm_experiments() -> None:
@@ -162,37 +171,34 @@ def warm_experiments() -> None:
     experiments.comparison("ci", progress=False)
 
 
-def test_a_built_wheel_installs_and_runs_the_first_cells_of_every_chapter(tmp_path):
-    """A wheel (what pip builds from the repository URL) carries every module the chapters import.
+def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chapter(tmp_path):
+    """What a reader on a fresh Colab runtime gets: in a new virtual environment without the
+    package, the first chapter's install cell clones the repository (this checkout's committed
+    ``main``, in place of GitHub), installs it with ``%pip`` and imports it, with the committed
+    results beside it; then the first cells of every chapter run.
 
-    The cells run from the wheel load their experiments from this checkout's result cache, warmed
-    beforehand (:func:`warm_experiments`) and never train, so the check takes the same few seconds
-    however busy the machine is.
+    Only the dependencies come from this environment (torch & co.: nothing is downloaded but pip's
+    build backend). The cells load their experiments from this checkout's result cache, warmed
+    beforehand (:func:`warm_experiments`), and never train, so the check takes the same time however
+    busy the machine is.
     """
     from scalelong_edu.experiments import results_dir
 
     warm_experiments()
-    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info/ beside the sources
-    shutil.copytree(ROOT / "scalelong_edu", source / "scalelong_edu", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path / "dist"),
-                    str(source)], check=True, capture_output=True, timeout=600)
-    wheel = next((tmp_path / "dist").glob("scalelong_edu-*.whl"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    str(wheel)], check=True, capture_output=True, timeout=300)
-    # the dependencies (torch & co.) come from this environment; its editable scalelong_edu does not,
-    # because .pth files inside a folder that a .pth line adds are not processed
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    # the dependencies come from this environment; its editable scalelong_edu does not, because
+    # .pth files inside a folder that a .pth line adds are not processed
     site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     venv_site = next((venv / "lib").glob("python3*/site-packages"))
     (venv_site / "dependencies.pth").write_text(f"{site}\n")
-    # the ledger reads the executed chapters beside it, which a wheel does not carry
+    # the ledger reads the executed chapters beside it, which is no first cell's business here
     chapters = [str(p) for p in notebooks.chapters() if p.stem != "ledger"]
-    env = {**os.environ, "SCALELONG_PROFILE": "ci", "SCALELONG_RESULTS": str(results_dir())}
-    run = subprocess.run([str(python), "-c", WHEEL_CHECK, *chapters], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=600, env=env)
+    env = {**os.environ, "SCALELONG_PROFILE": "ci", "SCALELONG_RESULTS": str(results_dir()), "PIP_NO_DEPS": "1",
+           "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{ROOT}.insteadOf",
+           "GIT_CONFIG_VALUE_0": CONFIG["repository"]["url"]}
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", CLONE_CHECK, *chapters], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert str(venv) in run.stdout
+    assert str(tmp_path / CLONE) in run.stdout

@@ -115,3 +115,17 @@ def test_a_trained_model_is_loaded_from_its_checkpoint_and_an_untrained_one_says
     loaded = cost.fit_or_load(trainer(), path, "unet-ci", "digits", budget=1e-9)  # nothing left to train
     assert capsys.readouterr().out == "loaded the trained model from unet.pt (step 3 of 3)\n"
     assert loaded.history == trained.history and path.stat().st_mtime_ns == written  # read, not rewritten
+
+
+def test_a_step_is_timed_within_its_time_limit(monkeypatch):
+    from scalelong_edu.train import TrainConfig, Trainer
+
+    calls = []
+    step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self: (calls.append(1), step(self))[1])
+    model, config = build_model("unet-ci", 1, 16), TrainConfig(steps=1, batch_size=2, warmup=1)
+    seconds = cost.seconds_per_step(model, config, 1, 16, torch.device("cpu"), steps=5, max_seconds=0.0)
+    assert len(calls) == 2 and seconds > 0  # the warm-up and one timed step, not five
+    calls.clear()
+    cost.seconds_per_step(model, config, 1, 16, torch.device("cpu"), steps=3)
+    assert len(calls) == 4

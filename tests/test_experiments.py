@@ -561,7 +561,7 @@ def test_cli_failures_print_one_line_and_exit_non_zero(capsys, monkeypatch):
         raise RuntimeError("Could not download or load dataset 'cifar10' into data (no internet?).\n  - details")
 
     monkeypatch.setattr(ex, "load_dataset", offline)
-    untimed_estimate(monkeypatch)  # it would time gpu-sized steps on this CPU first (minutes)
+    monkeypatch.setattr(ex, "estimate_here", lambda *a: pytest.fail("the dataset fails before any step is timed"))
     assert main(["run", "quick", "--profile", "gpu", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset 'cifar10'" in err and "use --profile cpu" in err
@@ -581,8 +581,8 @@ def test_under_torchrun_only_rank_0_reports_and_writes(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("quick (tiny profile)") == 1 and run.stdout.count("run 1/2: none, seed 0") == 1
     assert run.stdout.count("result:") == 1
-    (path,) = tmp_path.iterdir()
-    assert path.name.startswith("quick-tiny-") and path.name.endswith(".json.gz")
+    path, lock = sorted(tmp_path.iterdir(), key=lambda p: p.name.startswith("."))
+    assert path.name.startswith("quick-tiny-") and path.name.endswith(".json.gz") and lock.name == f".{path.name}.lock"
     assert len(ex.load_result(path, "quick").runs) == 2
 
 
@@ -713,3 +713,29 @@ def test_a_run_trained_for_any_experiment_is_reused_not_retrained(tmp_results, m
     calls.clear()
     ex.run_experiment("quick3", TINY, progress=False)
     assert calls == [("none", 0), ("CS", 0)]
+
+
+def test_a_second_process_waits_for_the_first_and_loads_what_it_cached(tmp_results, monkeypatch, capsys):
+    """Two notebooks (or test workers) that need the same uncached result: one trains, the other
+    waits on the result's lock, then loads the cache instead of training the same runs again."""
+    import threading
+    import time
+
+    from scalelong_edu.files import exclusive
+
+    path = ex.cache_path(QUICK, TINY)
+    ex.run_experiment("quick", TINY, progress=False)
+    aside = path.rename(path.with_name("aside"))
+    monkeypatch.setattr(ex, "train_run", lambda *a, **k: pytest.fail("the waiting process trained"))
+    loaded = []
+    second = threading.Thread(target=lambda: loaded.append(ex.run_experiment("quick", TINY)))
+    with exclusive(path, "the experiment result"):  # the first process, still training
+        second.start()
+        out, deadline = "", time.monotonic() + 60
+        while "waiting for it" not in out and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out += capsys.readouterr().out
+        assert f"[quick] another process is computing {path.name}: waiting for it" in out
+        aside.rename(path)  # ... which caches its result and lets go
+    second.join(60)
+    assert "[quick] loaded from the cache" in capsys.readouterr().out and loaded[0].path == path
