@@ -122,7 +122,7 @@ def kappa_table(n_skips: int = 6, kappa: float = 0.5,
     for entry in methods:
         method, k = (entry, kappa) if isinstance(entry, str) else entry
         factors = path_factors(_check_method(method), k, n)
-        label = {"cs": f"cs, κ={k:g}", "block-output": f"block-output, η={k:g}"}.get(method, method)
+        label = {"cs": f"CS, κ = {k:g}", "block-output": f"block-output, η = {k:g}"}.get(method, _short_label(method))
         rows[label] = factors + [sum_kappa_squared(factors[:n])]
     columns = [f"skip {i}" for i in range(1, n + 1)] + ["B", "Σκ_i² (paths)"]
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns)

@@ -157,16 +157,16 @@ def test_plot_cs_band_draws_one_curve_per_n():
 
 def test_kappa_table_rows_and_sums():
     table = kappa_table(6, 0.5, ["none", "cs", ("cs", 0.8), "block-output"])
-    assert list(table.index) == ["none", "cs, κ=0.5", "cs, κ=0.8", "block-output, η=0.5"]
+    assert list(table.index) == ["none", "CS, κ = 0.5", "CS, κ = 0.8", "block-output, η = 0.5"]
     assert list(table.columns) == [f"skip {i}" for i in range(1, 7)] + ["B", "Σκ_i² (paths)"]
-    assert table.loc["cs, κ=0.5", "skip 6"] == pytest.approx(0.03125)
-    assert table.loc["cs, κ=0.5", "Σκ_i² (paths)"] == pytest.approx(cs_sum_kappa_squared(0.5, 6))
-    assert table.loc["cs, κ=0.8", "Σκ_i² (paths)"] == pytest.approx(cs_sum_kappa_squared(0.8, 6))
+    assert table.loc["CS, κ = 0.5", "skip 6"] == pytest.approx(0.03125)
+    assert table.loc["CS, κ = 0.5", "Σκ_i² (paths)"] == pytest.approx(cs_sum_kappa_squared(0.5, 6))
+    assert table.loc["CS, κ = 0.8", "Σκ_i² (paths)"] == pytest.approx(cs_sum_kappa_squared(0.8, 6))
     assert table.loc["none", "Σκ_i² (paths)"] == 6
     # block-output: the same skip-path factors as CS at eta = kappa, the bottleneck at eta ** 6
-    block = table.loc["block-output, η=0.5"]
-    assert list(block.iloc[:6]) == pytest.approx(list(table.loc["cs, κ=0.5"].iloc[:6]))
-    assert block["B"] == pytest.approx(0.5**6) and table.loc["cs, κ=0.5", "B"] == 1.0
+    block = table.loc["block-output, η = 0.5"]
+    assert list(block.iloc[:6]) == pytest.approx(list(table.loc["CS, κ = 0.5"].iloc[:6]))
+    assert block["B"] == pytest.approx(0.5**6) and table.loc["CS, κ = 0.5", "B"] == 1.0
     assert block["Σκ_i² (paths)"] == pytest.approx(cs_sum_kappa_squared(0.5, 6))
     with pytest.raises(ValueError, match="learns kappa_i"):
         kappa_table(6, 0.5, ["ls"])
