@@ -596,61 +596,97 @@ def steps_to_reach(steps: Sequence[float], values: Sequence[float], target: floa
     return math.nan
 
 
-def speedup(result: ExperimentResult, baseline: str = "none") -> pd.DataFrame:
-    """How much sooner each run reaches the quality the baseline ends with (the paper's "faster
-    training"), paired by seed: runs with the same seed share initial weights and data order.
+SPEED_AT = 0.5
+"""The declared target of a speed-up: the level the baseline reaches at this fraction of training
+(its median over seeds at the nearest evaluation). Declared as a rule, before any run: it reads the
+baseline only, and the baseline reaches it by construction, in about half its seeds by then."""
 
-    For seed ``s``, the target is the final Frechet distance of the baseline's run ``s``. A run
-    needs :func:`steps_to_reach` steps to get there, and its speed-up is the steps the baseline's
-    run ``s`` needed by the same rule over its own (1 for the baseline; above 1 is faster; the
-    baseline can get there before its last step, since the curves are noisy). Runs that never
-    reach the target are slower than the baseline on that seed: ``reached`` is False and
-    ``speedup`` NaN.
+SPEED_QUANTITIES = {"fcd": "FCD", "ema_loss": "fixed-batch EMA loss"}
+"""The curves a speed-up can be measured on (:func:`speed_curves`), and their names in the text."""
 
-    Columns: ``label, seed, diverged_at, target, steps, reached, speedup``.
+
+def speed_curves(result: ExperimentResult, quantity: str = "fcd") -> pd.DataFrame:
+    """One value per run and evaluation, columns ``label, seed, step, value``: the ``fcd`` measured
+    during training (:func:`fd_curves`) or the EMA model's loss on the fixed probe batch
+    (``ema_loss``, the experiments that record it)."""
+    if quantity == "fcd":
+        return fd_curves(result).rename(columns={"fcd": "value"})
+    if quantity != "ema_loss":
+        raise ValueError(f"unknown quantity {quantity!r}; choose one of {', '.join(SPEED_QUANTITIES)}")
+    probes = result.probes()
+    rows = probes[probes.probe == "fixed_ema"]
+    if rows.empty:
+        raise ValueError("this result has no fixed-batch EMA loss: its experiment has ema_loss = False")
+    return rows[["label", "seed", "step", "value"]].reset_index(drop=True)
+
+
+def speed_target(curves: pd.DataFrame, baseline: str = "none", at: float = SPEED_AT) -> float:
+    """The declared target (:data:`SPEED_AT`): the baseline's median over seeds of ``value`` at the
+    evaluation nearest ``at`` times the last step of ``curves`` (:func:`speed_curves`)."""
+    base = curves[curves.label == baseline]
+    if base.empty:
+        raise ValueError(f"no runs labelled {baseline!r}; labels: {list(dict.fromkeys(curves.label))}")
+    if not 0 < at <= 1:
+        raise ValueError(f"at must be a fraction of training in (0, 1], got {at!r}")
+    steps = base.step.unique()
+    step = steps[abs(steps - at * curves.step.max()).argmin()]
+    return float(base[base.step == step].value.median())
+
+
+def steps_to_target(curves: pd.DataFrame, target: float, baseline: str = "none",
+                    length: float | None = None) -> pd.DataFrame:
+    """How many steps each run of ``curves`` (:func:`speed_curves`) needs to reach ``target`` or
+    below (:func:`steps_to_reach`), beside its baseline run of the same seed: runs with the same seed
+    share initial weights and data order. ``speedup`` is the baseline's steps over the run's (above
+    1 is faster); a run that never gets there is not ``reached``, and ``length`` (default: the last
+    step of ``curves``, the planned training) is a lower bound on the steps it would need.
+
+    Columns: ``label, seed, target, steps, reached, base_steps, last, speedup``.
     """
     import pandas as pd
 
-    curves = fd_curves(result)
-    base = curves[curves.label == baseline]
-    if base.empty:
-        raise ValueError(f"no runs labelled {baseline!r} with Frechet distances; labels: {result.labels}")
-    def reach(label: str, seed: int, target: float) -> float:
-        curve = curves[(curves.label == label) & (curves.seed == seed)].sort_values("step")
-        return steps_to_reach(curve.step.tolist(), curve.fcd.tolist(), target) if len(curve) else math.nan
-
-    finals = base.sort_values("step").groupby("seed").fcd.last()
-    rows = []
-    for record in result.runs:
-        label, seed = record["label"], record["run"]["seed"]
-        target = float(finals[seed])
-        steps = reach(label, seed, target) if record["diverged_at"] is None else math.nan
-        rows.append({"label": label, "seed": seed, "diverged_at": record["diverged_at"], "target": target,
-                     "steps": steps, "reached": math.isfinite(steps), "base_steps": reach(baseline, seed, target),
-                     "last": float(curves[(curves.label == label) & (curves.seed == seed)].step.max())})
-    frame = pd.DataFrame(rows)
+    length = float(curves.step.max()) if length is None else float(length)
+    reach = {key: steps_to_reach(c.step.tolist(), c.value.tolist(), target)
+             for key, c in curves.sort_values("step").groupby(["label", "seed"], sort=False)}
+    if not any(label == baseline for label, _ in reach):
+        raise ValueError(f"no runs labelled {baseline!r}; labels: {list(dict.fromkeys(curves.label))}")
+    frame = pd.DataFrame([{"label": label, "seed": seed, "target": target, "steps": steps,
+                           "reached": math.isfinite(steps), "base_steps": reach.get((baseline, seed), math.nan),
+                           "last": length} for (label, seed), steps in reach.items()])
     return frame.assign(speedup=frame.base_steps / frame.steps)
+
+
+def speedup(result: ExperimentResult, quantity: str = "fcd", baseline: str = "none",
+            at: float = SPEED_AT) -> pd.DataFrame:
+    """The paper's "faster training" on ``result``: :func:`steps_to_target` of its ``quantity``
+    curves to the declared target (:func:`speed_target`), with each run's ``diverged_at``; a run
+    that never gets there counts at the planned length of training."""
+    curves = speed_curves(result, quantity)
+    table = steps_to_target(curves, speed_target(curves, baseline, at), baseline, result.spec["profile"]["steps"])
+    diverged = {(r["label"], r["run"]["seed"]): r["diverged_at"] for r in result.runs}
+    return table.assign(diverged_at=[diverged.get(key) for key in zip(table.label, table.seed)])
 
 
 def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tuple[str, PairedTest]:
     """What :func:`speedup` says about "``label`` trains faster than the baseline": the measured
-    text and the paired test of the log steps each seed needed (method against baseline, margin
-    ``log(1 + margin)``). A seed that never gets there is counted at its last evaluation, a lower
-    bound on the steps it would need: the test is then ``censored`` (it can still find the method
-    faster or slower, but never call the difference absent)."""
+    text and the paired test of the log steps each seed needed to reach the target (method against
+    baseline, margin ``log(1 + margin)``). A run that never gets there is counted at the run's
+    length, a lower bound on the steps it would need: the test is then ``censored`` (it can still
+    find the method faster or slower, but never call the difference absent)."""
     import numpy as np
 
     rows = speed[speed.label == label]
     if rows.empty:
         raise KeyError(f"no runs labelled {label!r}; labels: {list(dict.fromkeys(speed.label))}")
-    reached, n = int(rows.reached.sum()), len(rows)
-    steps = rows.steps.where(rows.reached, rows["last"])
-    test = replace(paired_test(np.log(rows.base_steps), np.log(steps), math.log1p(margin), "less"),
-                   censored=n - reached)
+    bound = rows["last"]
+    base, steps = rows.base_steps.fillna(bound), rows.steps.where(rows.reached, bound)
+    unreached = int((~rows.reached | rows.base_steps.isna()).sum())
+    test = replace(paired_test(np.log(base), np.log(steps), math.log1p(margin), "less"), censored=unreached)
     lo, hi = (math.exp(-v) for v in test.ci[::-1])
-    text = f"speed-up {math.exp(-test.estimate):.2f}× [{lo:.2f}, {hi:.2f}], n = {n}"
-    if reached < n:
-        text += f" ({n - reached} of {n} never reach the baseline's final FCD: counted at their last step)"
+    n = len(rows)
+    text = f"speed-up {math.exp(-test.estimate):.2f}× [{lo:.2f}, {hi:.2f}] to reach {rows.target.iloc[0]:.3g}, n = {n}"
+    if unreached:
+        text += f" ({unreached} of {n} pairs with a run that never gets there: counted at the run's length)"
     return text, test
 
 
@@ -675,9 +711,9 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(slope), math.exp(level), float(r2)
 
 
-__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPIKE", "VERDICTS", "MethodSummary", "adam_table", "by_method",
-           "compare", "compare_breakdowns", "confident_samples", "fd_curves", "feature_constants", "feature_ranges",
-           "features", "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text",
-           "robustness_table", "run_table",
-           "select", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "stress_scale", "trajectories", "trend",
-           "trajectory", "xt_norm_ratio"]
+__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
+           "adam_table", "by_method", "compare", "compare_breakdowns", "confident_samples", "fd_curves",
+           "feature_constants", "feature_ranges", "features", "geometric_fit", "gradient_constants",
+           "output_constants", "rate_text", "ratio_text", "robustness_table", "run_table", "select", "speed_curves",
+           "speed_target", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
+           "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]

@@ -411,16 +411,18 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=until, initial=self.step, desc="training", unit="step")
-        while self.step < until:
-            loss = self.train_step()
+        try:
+            while self.step < until:
+                loss = self.train_step()
+                if bar is not None:
+                    bar.update(1)
+                    if self.step % self.config.log_every == 0:
+                        bar.set_postfix(loss=f"{loss:.4f}")
+                if checkpoint is not None and checkpoint_every and self.step % checkpoint_every == 0:
+                    self.save(checkpoint)
+        finally:  # also on Ctrl-C or a divergence: the bar's last line comes before what the caller says next
             if bar is not None:
-                bar.update(1)
-                if self.step % self.config.log_every == 0:
-                    bar.set_postfix(loss=f"{loss:.4f}")
-            if checkpoint is not None and checkpoint_every and self.step % checkpoint_every == 0:
-                self.save(checkpoint)
-        if bar is not None:
-            bar.close()
+                bar.close()
         if checkpoint is not None and (self.step > first or not Path(checkpoint).exists()):
             self.save(checkpoint)
         for cb in self.callbacks:

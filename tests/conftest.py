@@ -31,3 +31,17 @@ def results_here(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
     monkeypatch.delenv("SCALELONG_TRAIN", raising=False)
     return tmp_path
+
+
+SLOWEST_FIRST = ("book/", "tests/test_book_html.py", "tests/test_gpu_profile.py", "tests/test_gpu_scale.py",
+                 "tests/test_experiments.py", "tests/test_workers.py", "tests/test_colab.py")
+"""The files that take longest, run first: `make test`'s two workers (pytest-xdist, one file at a
+time each) then finish together instead of one waiting while the other runs a notebook."""
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.path.relative_to(config.rootpath).as_posix()
+        return next((i for i, prefix in enumerate(SLOWEST_FIRST) if path.startswith(prefix)), len(SLOWEST_FIRST))
+
+    items.sort(key=rank)  # stable: a file's tests, a notebook's cells, keep their order

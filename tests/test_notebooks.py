@@ -44,7 +44,7 @@ def test_staleness_detects_changed_code_and_modules(tmp_path):
 
     nb.cells[1].source = "x = 1"
     nb.metadata[notebooks.META_KEY]["modules"]["scalelong_edu/scaling.py"] = "0" * 16
-    nb.cells[0].source = nb.cells[0].source.replace("@main", "@old-branch")
+    nb.cells[0].source = nb.cells[0].source.replace("-b main", "-b old-branch")
     nbformat.write(nb, path)
     assert notebooks.staleness(path) == [
         "its first code cell differs from the install cell built from _config.yml",
