@@ -150,8 +150,8 @@ assert (data.data_root() / "results" / "ddpm-unet-cpu.pt").is_file(), "the commi
 
 
 def no_training(run, experiment, *args, **kwargs):
-    raise AssertionError(f"{{experiment.name}} is not cached at the ci profile in {{experiments.results_dir()}}: "
-                         "the first cells would train live; cache it in warm_experiments() (tests/test_colab.py)")
+    raise AssertionError(f"{{experiment.name}} is not in the clone's {{experiments.results_dir()}} at the ci profile: "
+                         "the first cells would train live; commit its ci result")
 
 
 experiments.train_run = no_training  # this test checks the install, not how fast this machine trains
@@ -163,14 +163,6 @@ print("chapters ran from", scalelong_edu.__file__)
 """.format(clone=CLONE)
 
 
-def warm_experiments() -> None:
-    """Cache, with the editable package and at the ci profile, every experiment the first cells load
-    that the repository does not ship (chapters 3-5's comparison); each trains once per checkout."""
-    from scalelong_edu import experiments
-
-    experiments.comparison("ci", progress=False)
-
-
 def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chapter(tmp_path):
     """What a reader on a fresh Colab runtime gets: in a new virtual environment without the
     package, the first chapter's install cell clones the repository (this checkout's committed
@@ -178,13 +170,9 @@ def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chap
     results beside it; then the first cells of every chapter run.
 
     Only the dependencies come from this environment (torch & co.: nothing is downloaded but pip's
-    build backend). The cells load their experiments from this checkout's result cache, warmed
-    beforehand (:func:`warm_experiments`), and never train, so the check takes the same time however
-    busy the machine is.
+    build backend). The cells load their experiments from the clone's committed results and never
+    train, so the check takes the same time however busy the machine is.
     """
-    from scalelong_edu.experiments import results_dir
-
-    warm_experiments()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
     # the dependencies come from this environment; its editable scalelong_edu does not, because
@@ -194,10 +182,10 @@ def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chap
     (venv_site / "dependencies.pth").write_text(f"{site}\n")
     # the ledger reads the executed chapters beside it, which is no first cell's business here
     chapters = [str(p) for p in notebooks.chapters() if p.stem != "ledger"]
-    env = {**os.environ, "SCALELONG_PROFILE": "ci", "SCALELONG_RESULTS": str(results_dir()), "PIP_NO_DEPS": "1",
-           "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{ROOT}.insteadOf",
+    env = {**os.environ, "SCALELONG_PROFILE": "ci", "PIP_NO_DEPS": "1", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{ROOT}.insteadOf",
            "GIT_CONFIG_VALUE_0": CONFIG["repository"]["url"]}
-    env.pop("PYTHONPATH", None)
+    for name in ("PYTHONPATH", "SCALELONG_RESULTS", "SCALELONG_DATA"):
+        env.pop(name, None)
     run = subprocess.run([str(venv / "bin" / "python"), "-c", CLONE_CHECK, *chapters], capture_output=True,
                          text=True, cwd=tmp_path, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

@@ -90,22 +90,22 @@ def test_every_method_on_both_gpu_backbones_trains_probes_samples_and_caches(sta
 def test_mixed_precision_on_the_gpu_presets_runs_on_the_cpu(stand_in_cifar10, tmp_path, preset, amp):
     """The AMP path a T4 takes (float16 autocast with loss scaling), and bfloat16, exercised on the CPU;
     a checkpoint keeps the loss scaler's state, and a resumed run is the uninterrupted one. Two steps
-    of two images: a CPU without float16/bfloat16 units emulates the low-precision products, and a step
-    of the U-ViT costs more than ten times its float32 step."""
-    images = data.load_dataset("cifar10", image_size=32).tensors()[0]
+    of two images, at 16 px (the presets' blocks are the same at any size): a CPU without
+    float16/bfloat16 units emulates the low-precision products, and a step of the U-ViT at 32 px
+    costs more than ten times its float32 step."""
+    images = data.load_dataset("cifar10", image_size=16).tensors()[0]
     config = TrainConfig(steps=2, batch_size=2, warmup=1, amp=amp)
 
     def trainer():
         torch.manual_seed(0)
-        return Trainer(build_model(preset, 3, 32, "ls"), images, linear_schedule(), config, device="cpu",
+        return Trainer(build_model(preset, 3, 16, "ls"), images, linear_schedule(), config, device="cpu",
                        progress=False)
 
     full = trainer()
+    full.fit(until=1, checkpoint=tmp_path / "run.pt")  # the uninterrupted run, checkpointed halfway
     full.fit()
     assert full.amp_dtype == getattr(torch, amp) and full.scaler.is_enabled() == (amp == "float16")
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in full.history)
-    first = trainer()
-    first.fit(until=1, checkpoint=tmp_path / "run.pt")
     resumed = trainer()
     resumed.fit(checkpoint=tmp_path / "run.pt")
     assert resumed.history == full.history
