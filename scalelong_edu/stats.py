@@ -404,7 +404,7 @@ def trend_test(x: Sequence[float], y: Sequence[float], margin: float = 0.3, dire
             ``y``, a margin outside (0, 1) or a bad direction.
     """
     import numpy as np
-    from scipy.stats import permutation_test, spearmanr
+    from scipy.stats import permutation_test, rankdata, spearmanr
 
     x, y = _pairs(x, y)
     if direction not in DIRECTIONS:
@@ -417,12 +417,23 @@ def trend_test(x: Sequence[float], y: Sequence[float], margin: float = 0.3, dire
         raise ValueError("x and y must both vary: a constant series has no rank correlation")
     rho, p = (float(v) for v in spearmanr(x, y))
     n = len(x)
-    if n < 10:
-        test = permutation_test((x,), lambda xs: spearmanr(xs, y).statistic, permutation_type="pairings",
+    if n < 10:  # Spearman's rho is Pearson's r of the (average) ranks: permute the ranks of x, all at once
+        ranks_y = rankdata(y)
+        test = permutation_test((rankdata(x),), lambda ranks, axis: pearson_r(ranks, ranks_y, axis),
+                                permutation_type="pairings", vectorized=True,
                                 n_resamples=math.inf if n <= 7 else 9999, rng=0)
         p = float(test.pvalue)
     z, half = math.atanh(min(max(rho, -0.999999), 0.999999)), 1.959964 * math.sqrt(SPEARMAN_VARIANCE / max(n - 3, 1))
     return TrendTest(rho, (math.tanh(z - half), math.tanh(z + half)), p, n, float(margin), direction)
+
+
+def pearson_r(a, b, axis: int = -1):
+    """Pearson's correlation of ``a`` and ``b`` along ``axis`` (``b`` broadcast against ``a``)."""
+    import numpy as np
+
+    a = a - a.mean(axis=axis, keepdims=True)
+    b = np.broadcast_to(b - b.mean(), a.shape)
+    return (a * b).sum(axis=axis) / np.sqrt((a * a).sum(axis=axis) * (b * b).sum(axis=axis))
 
 
 def holm(tests: Sequence[PairedTest | RateTest | TrendTest]) -> list[PairedTest | RateTest | TrendTest]:

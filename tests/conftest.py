@@ -33,8 +33,10 @@ def results_here(tmp_path, monkeypatch):
     return tmp_path
 
 
-SLOWEST_FIRST = ("book/", "tests/test_book_html.py", "tests/test_gpu_profile.py", "tests/test_gpu_scale.py",
-                 "tests/test_experiments.py", "tests/test_workers.py", "tests/test_colab.py")
+SLOWEST_FIRST = ("tests/test_book_html.py", "tests/test_experiments.py", "tests/test_gpu_profile.py",
+                 "tests/test_gpu_scale.py", "tests/test_workers.py", "book/08_reviewer_questions.ipynb",
+                 "book/05_robustness.ipynb", "tests/test_colab.py", "tests/test_stats.py", "tests/test_train.py",
+                 "book/")
 """The files that take longest, run first: `make test`'s two workers (pytest-xdist, one file at a
 time each) then finish together instead of one waiting while the other runs a notebook."""
 

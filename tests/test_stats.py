@@ -243,6 +243,19 @@ def test_a_null_trend_over_many_runs_is_absent_and_its_interval_is_a_correlation
     assert perfect.p == pytest.approx(2 / 720) and perfect.verdict == "reproduced"  # exact permutations
 
 
+def test_the_permutation_p_value_is_scipys_permutation_test_of_spearmans_rho():
+    """trend_test permutes ranks, vectorised; the p-value is that of permuting the values one
+    resample at a time (exactly for 7 runs, with the same random resamples for 9), ties included."""
+    from scipy.stats import permutation_test, spearmanr
+
+    rng = np.random.default_rng(3)
+    for n, resamples in ((7, np.inf), (9, 9999)):
+        x, y = np.round(rng.normal(size=n), 1), rng.normal(size=n)
+        slow = permutation_test((x,), lambda xs: spearmanr(xs, y).statistic, permutation_type="pairings",
+                                n_resamples=resamples, rng=0)
+        assert trend_test(x, y).p == pytest.approx(slow.pvalue, rel=1e-12)
+
+
 def test_trend_test_refuses_what_is_no_evidence():
     with pytest.raises(ValueError, match="at least 4 runs"):
         trend_test([1, 2, 3], [1, 2, 3])
