@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -419,7 +422,7 @@ def trend_test(x: Sequence[float], y: Sequence[float], margin: float = 0.3, dire
     n = len(x)
     if n < 10:  # Spearman's rho is Pearson's r of the (average) ranks: permute the ranks of x, all at once
         ranks_y = rankdata(y)
-        test = permutation_test((rankdata(x),), lambda ranks, axis: pearson_r(ranks, ranks_y, axis),
+        test = permutation_test((rankdata(x),), lambda ranks, axis: _pearson_r(ranks, ranks_y, axis),
                                 permutation_type="pairings", vectorized=True,
                                 n_resamples=math.inf if n <= 7 else 9999, rng=0)
         p = float(test.pvalue)
@@ -427,7 +430,7 @@ def trend_test(x: Sequence[float], y: Sequence[float], margin: float = 0.3, dire
     return TrendTest(rho, (math.tanh(z - half), math.tanh(z + half)), p, n, float(margin), direction)
 
 
-def pearson_r(a, b, axis: int = -1):
+def _pearson_r(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     """Pearson's correlation of ``a`` and ``b`` along ``axis`` (``b`` broadcast against ``a``)."""
     import numpy as np
 

@@ -165,8 +165,8 @@ print("chapters ran from", scalelong_edu.__file__)
 
 def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chapter(tmp_path):
     """What a reader on a fresh Colab runtime gets: in a new virtual environment without the
-    package, the first chapter's install cell clones the repository (this checkout's committed
-    ``main``, in place of GitHub), installs it with ``%pip`` and imports it, with the committed
+    package, the first chapter's install cell clones the repository (this checkout's last commit,
+    in place of GitHub), installs it with ``%pip`` and imports it, with the committed
     results beside it; then the first cells of every chapter run.
 
     Only the dependencies come from this environment (torch & co.: nothing is downloaded but pip's
@@ -182,8 +182,13 @@ def test_the_install_cell_clones_installs_and_runs_the_first_cells_of_every_chap
     (venv_site / "dependencies.pth").write_text(f"{site}\n")
     # the ledger reads the executed chapters beside it, which is no first cell's business here
     chapters = [str(p) for p in notebooks.chapters() if p.stem != "ledger"]
-    env = {**os.environ, "SCALELONG_PROFILE": "ci", "PIP_NO_DEPS": "1", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{ROOT}.insteadOf",
-           "GIT_CONFIG_VALUE_0": CONFIG["repository"]["url"]}
+    # the repository the cell clones: this checkout's commit as the configured branch, in place of GitHub
+    origin, branch = tmp_path / "origin.git", CONFIG["repository"].get("branch", "main")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(ROOT), str(origin)], check=True, timeout=300)
+    subprocess.run(["git", "-C", str(origin), "update-ref", f"refs/heads/{branch}", head.stdout.strip()], check=True)
+    env = {**os.environ, "SCALELONG_PROFILE": "ci", "PIP_NO_DEPS": "1", "GIT_CONFIG_COUNT": "1",
+           "GIT_CONFIG_KEY_0": f"url.file://{origin}.insteadOf", "GIT_CONFIG_VALUE_0": CONFIG["repository"]["url"]}
     for name in ("PYTHONPATH", "SCALELONG_RESULTS", "SCALELONG_DATA"):
         env.pop(name, None)
     run = subprocess.run([str(venv / "bin" / "python"), "-c", CLONE_CHECK, *chapters], capture_output=True,
