@@ -399,17 +399,18 @@ def test_a_damaged_partial_run_is_trained_again(tmp_results, capsys):
     assert "ignoring the damaged partial result" in capsys.readouterr().out
 
 
-GOOD = gzip.compress(b'{"spec": {}, "provenance": {}, "runs": []}' * 20)
+GOOD = gzip.compress(b'{"spec": {}, "provenance": {}, "runs": []}' * 20, mtime=0)
 
 
 @pytest.mark.parametrize("content, why", [
-    (gzip.compress(b'{"spec": {'), "Expecting"),
-    (gzip.compress(b'{"spec":1,"provenance":2,"runs":3}'), "no 'spec' object"),
-    (gzip.compress(b'{"spec":{},"provenance":{},"runs":[{"label": "none"}]}'), "its stored spec does not hash"),
+    (gzip.compress(b'{"spec": {', mtime=0), "Expecting"),
+    (gzip.compress(b'{"spec":1,"provenance":2,"runs":3}', mtime=0), "no 'spec' object"),
+    (gzip.compress(b'{"spec":{},"provenance":{},"runs":[{"label": "none"}]}', mtime=0),
+     "its stored spec does not hash"),
     (GOOD[: len(GOOD) // 2], "Compressed file ended"),  # truncated, as by a full disk
     (GOOD[:-8] + b"\0" * 8, "CRC check failed"),
     (b'{"spec": {}, "provenance": {}, "runs": []}', "Not a gzipped file"),  # a result of cache version 1
-])
+], ids=["cut json", "no spec", "spec hash", "truncated", "crc", "version 1"])  # ids xdist's workers agree on
 def test_a_damaged_cache_raises_with_advice(tmp_results, capsys, monkeypatch, content, why):
     path = ex.cache_path(QUICK, TINY)
     path.write_bytes(content)
