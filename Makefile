@@ -23,8 +23,8 @@ $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 book: $(VENV)/.installed-book
 	$(BIN)/jupyter-book build . --all -W --keep-going
 
-# two workers, one test file (or notebook) each at a time, one thread each: on a 2-core machine
-# that is about twice as fast as one worker with two threads (the models are small)
+# two workers (pytest-xdist), one test file or notebook each at a time, one thread each: the
+# models are small, and two one-thread processes keep both cores of a 2-core machine busy
 test: $(VENV)/.installed-test+book
 	SCALELONG_PROFILE=ci OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
