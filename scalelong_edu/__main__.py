@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("profiles", help="show the sizes of each profile")
     run = commands.add_parser("run", help="train an experiment (or load it from the cache) and print a summary")
     run.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="an experiment from `list`")
-    run.add_argument("--profile", choices=list(PROFILES), help=f"sizes to run at (default: ${ENV_VAR}, else cpu; gpu on a GPU with {TRAIN_VAR}=all)")
+    run.add_argument("--profile", choices=list(PROFILES),
+                     help=f"sizes to run at (default: ${ENV_VAR}, else cpu; gpu on a GPU with {TRAIN_VAR}=all)")
     run.add_argument("--force", action="store_true", help="train again even if a cached result exists")
     run.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")

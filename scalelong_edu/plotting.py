@@ -51,6 +51,7 @@ def method_color(method: str) -> str:
     """:data:`METHOD_COLORS` of ``method``; dark grey for a method without a colour of its own."""
     return METHOD_COLORS.get(method, "#333333")
 
+
 SCHEDULE_COLORS = {"linear": "#1f77b4", "cosine": "#ff7f0e", "vpsde": "#2ca02c"}
 """Colours of the noise schedules in :func:`plot_schedules` (others get seaborn's palette)."""
 
