@@ -342,6 +342,22 @@ def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
     return float(ok[ok].index.max())
 
 
+def breakdown_scale(search: ExperimentResult, low: float = 0.2, high: float = 0.8) -> float:
+    """The stress regime's learning-rate factor by the declared rule of ``stress-search-uvit``: the
+    smallest ``lr_scale`` of the search at which the share of runs that broke down
+    (``broke_down`` of :func:`run_table`) lies in ``[low, high]``. There the unscaled baseline
+    fails often enough for a method to be seen preventing it and trains often enough for one to be
+    seen causing it. Raises ``ValueError``, with the share at every scale, when no scale qualifies."""
+    table = run_table(search).assign(scale=[r["run"]["lr_scale"] for r in search.runs])
+    shares = table.groupby("scale").broke_down.mean()
+    inside = shares[(shares >= low) & (shares <= high)]
+    if inside.empty:
+        seen = ", ".join(f"x{k:g}: {v:.0%}" for k, v in shares.items())
+        raise ValueError(f"no learning rate of the search breaks down {low:.0%}-{high:.0%} of its runs ({seen}); "
+                         "widen or refine the search's grid")
+    return float(inside.index.min())
+
+
 def confident_samples(result: ExperimentResult, classifier: torch.nn.Module, threshold: float = 0.9) -> list[float]:
     """Per run, in the order of ``result.runs`` (and of :func:`run_table`), the share of its samples
     that ``classifier`` (:func:`scalelong_edu.metrics.get_feature_classifier`) assigns to a class
@@ -712,7 +728,7 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
-           "adam_table", "by_method", "compare", "compare_breakdowns", "confident_samples", "fd_curves",
+           "adam_table", "breakdown_scale", "by_method", "compare", "compare_breakdowns", "confident_samples", "fd_curves",
            "feature_constants", "feature_ranges", "features", "geometric_fit", "gradient_constants",
            "output_constants", "rate_text", "ratio_text", "robustness_table", "run_table", "select", "speed_curves",
            "speed_target", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",

@@ -202,6 +202,17 @@ MAIN_SEEDS = {"uvit": 16, "unet": 12}
 differences and paired spreads of the 3-seed pilot (``uvit-gentle``, ``unet-gentle``)."""
 
 
+STRESS_SEARCH = (16, 24, 32, 48, 64)
+"""The learning rates, in multiples of the gentle one, that the declared search for the stress
+regime tries on the unscaled U-ViT (``stress-search-uvit``; the rule is
+:func:`scalelong_edu.evidence.breakdown_scale`). The lowest is where the one-seed sweep first saw a
+run break down."""
+STRESS = dict(seeds=5, adam_stats=False, end_probes=False, ema_loss=True)
+"""The stress runs' recordings: the probes and the EMA model's fixed-batch loss, no Adam statistics
+or end probes (a breakdown is read off the loss). The search and the stress comparison share them,
+so the comparison reuses the search's unscaled runs at the learning rate it picks."""
+
+
 DEPTHS = (2, 4, 6, 8)
 """The numbers of long skips N that chapter 8 sweeps."""
 SWEEP = dict(step_fraction=1 / 3, adam_stats=False, fd_points=1, end_probes=False)
@@ -251,6 +262,9 @@ EXPERIMENTS: dict[str, Experiment] = {
         *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
                      "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
           for b, name in BACKBONES.items()),
+        Experiment("stress-search-uvit", f"U-ViT, no scaling, at {', '.join(map(str, STRESS_SEARCH))}x the gentle learning "
+                   "rate, five seeds: the declared search for the stress regime (where 20-80% of unscaled runs break down)",
+                   tuple(RunSpec(f"none, lr x{k:g}", "uvit", lr_scale=k) for k in STRESS_SEARCH), **STRESS),
         *(Experiment(f"scaling-{b}", f"{name}, gentle regime: none, 1/sqrt(2)-CS, CS at kappa 0.3 .. 0.9, LS "
                      "shared and per skip, with the Frechet distance over training (chapters 6-7)",
                      tuple(RunSpec(label, b, method, kappa) for label, method, kappa in SCALING_METHODS),

@@ -199,6 +199,17 @@ def test_stress_scale_is_the_largest_scale_where_every_run_trains():
         evidence.stress_scale(result([_sweep_run(1, 0, 0.2), _sweep_run(1, 1, 0.2, diverged_at=2)], 10))
 
 
+def test_breakdown_scale_is_the_smallest_scale_where_20_to_80_percent_break_down():
+    losses = {16: [0.1] * 5, 24: [0.1] * 4 + [0.9], 32: [0.1, 0.1, 0.9, 0.9, 0.9], 48: [0.9] * 5}
+    runs = [_sweep_run(k, seed, loss) for k, seeds in losses.items() for seed, loss in enumerate(seeds)]
+    assert evidence.breakdown_scale(result(runs, 10)) == 24.0  # 1/5 = 20% is inside the band
+    assert evidence.breakdown_scale(result(runs, 10), low=0.4) == 32.0
+    runs[0] = _sweep_run(16, 0, 0.1, diverged_at=3)  # a run stopped by the NaN guard broke down too
+    assert evidence.breakdown_scale(result(runs, 10)) == 16.0
+    with pytest.raises(ValueError, match=r"x16: 20%, x24: 20%, x32: 60%, x48: 100%.*widen or refine"):
+        evidence.breakdown_scale(result(runs, 10), low=0.7, high=0.9)
+
+
 # -- by_method, MethodSummary, verdict --------------------------------------------------------------
 def _table(rows):
     import pandas as pd
