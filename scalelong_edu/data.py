@@ -188,18 +188,23 @@ def _load_mnist5k(split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _resize(_pad(images, 32), size), labels
 
 
-def _load_digits8x8(split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn's digits, grey levels 0..16 stretched to 0..255.
-
-    Upsampled bilinearly like every other resize in this module: strokes come
-    out smooth, as in a photographed digit, instead of as 2 x 2 blocks of a
-    nearest-neighbour copy that a model would have to learn as an artefact.
-    """
+@lru_cache(maxsize=1)
+def _digits8x8_all() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1,797 digits as uint8 (1797, 1, 8, 8), grey levels 0..16 stretched to 0..255,
+    and int64 labels (``load_digits`` parses a text file each call, so cached: a tiny run loads
+    its dataset several times)."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)).unsqueeze(1)
-    images, labels = _offline_split(images, torch.from_numpy(digits.target.astype(np.int64)), split)
+    return images, torch.from_numpy(digits.target.astype(np.int64))
+
+
+def _load_digits8x8(split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits, upsampled bilinearly like every other resize in this module:
+    strokes come out smooth, as in a photographed digit, instead of as 2 x 2 blocks of a
+    nearest-neighbour copy that a model would have to learn as an artefact."""
+    images, labels = _offline_split(*_digits8x8_all(), split)
     return _resize(images, size), labels
 
 

@@ -84,6 +84,25 @@ FIG1 = ("level", "growth", "peak", "range", "range_late", "detrended")
 """The per-run statistics of a norm's trajectory (:func:`trajectory`), paper Fig. 1's quantities."""
 
 
+def fig1_paths(result: ExperimentResult) -> pd.DataFrame:
+    """Paper Fig. 1's two curves per run, on the fixed batch at every evaluation: the geometric
+    mean over the skips of the decoder features' norms ``||h_i||`` (``series="feature"``) and of
+    the decoder blocks' gradient norms (``"grad"``). A diverged run's path stops where it did.
+    Columns: ``label, seed, step, series, value``."""
+    import numpy as np
+    import pandas as pd
+
+    probes = result.probes()
+    pick = {"feature": (probes.probe == "features") & (probes.block == "b") & (probes.quantity == "norm"),
+            "grad": (probes.probe == "grads") & (probes.block == "b")}
+    frames = []
+    for series, mask in pick.items():
+        logs = np.log(probes[mask].value.clip(lower=1e-30)).groupby(
+            [probes.label[mask], probes.seed[mask], probes.step[mask]], sort=False).mean()
+        frames.append(np.exp(logs).rename("value").reset_index().assign(series=series))
+    return pd.concat(frames, ignore_index=True)[["label", "seed", "step", "series", "value"]]
+
+
 def trajectory(steps: Sequence[int], values: Sequence[float], regular: int, late: float = LATE) -> dict[str, float]:
     """What paper Fig. 1 shows of one norm over training, as numbers.
 
@@ -729,7 +748,7 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
            "adam_table", "breakdown_scale", "by_method", "compare", "compare_breakdowns", "confident_samples", "fd_curves",
-           "feature_constants", "feature_ranges", "features", "geometric_fit", "gradient_constants",
+           "feature_constants", "feature_ranges", "features", "fig1_paths", "geometric_fit", "gradient_constants",
            "output_constants", "rate_text", "ratio_text", "robustness_table", "run_table", "select", "speed_curves",
            "speed_target", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
            "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]

@@ -703,11 +703,12 @@ def _check_outputs(path: Path, experiment: Experiment, profile: Profile, todo: l
         raise IsADirectoryError(f"{folders[0]} is a folder where a partial-run file belongs: remove it and rerun")
 
 
-def _train_and_keep(run: RunSpec, experiment: Experiment, profile: Profile, file: Path, key: str) -> None:
-    """A worker process of ``run_experiment(..., workers=n)``: one run on one CPU thread, kept in
-    its partial-run file before the process exits."""
+def _train_and_keep(run: RunSpec, experiment: Experiment, profile: Profile, file: Path, key: str,
+                    device: str) -> None:
+    """A worker process of ``run_experiment(..., workers=n)``: one run on ``device`` with one CPU
+    thread, kept in its partial-run file before the process exits."""
     torch.set_num_threads(1)
-    keep_run(file, key, run, train_run(run, experiment, profile, torch.device("cpu"), progress=False))
+    keep_run(file, key, run, train_run(run, experiment, profile, torch.device(device), progress=False))
 
 
 def run_experiment(
@@ -724,7 +725,8 @@ def run_experiment(
     Every finished run is kept (``runs_dir``) until all are done, so a rerun after an
     interruption (Ctrl-C raises :class:`Interrupted`, a KeyboardInterrupt that says what is kept)
     trains only the missing ones; ``force=True`` trains everything again. ``workers > 1`` trains
-    that many runs at once on the CPU, each in its own process on one thread
+    that many runs at once, each in its own process on one CPU thread (on the CPU: one core each;
+    on a GPU: sharing it, which keeps a large GPU busy with small models)
     (:mod:`scalelong_edu.workers`: a worker that dies costs its run only; the others go on, and
     the call then raises, with every finished run kept). Two processes that need the same
     uncached result do not both train it: the second waits for the first
@@ -736,9 +738,10 @@ def run_experiment(
     rank, world = init_distributed()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int (e.g. 2 on a 2-core CPU), got {workers!r}")
-    if workers > 1 and (world > 1 or (device or "cpu") != "cpu"):
-        raise ValueError("workers > 1 trains separate runs on CPU cores: use it without torchrun and with device "
-                         "'cpu' (on a GPU, train one run at a time, or split each batch with torchrun)")
+    dev = pick_device(device)
+    if workers > 1 and (world > 1 or dev.type not in ("cpu", "cuda")):
+        raise ValueError(f"workers > 1 trains separate runs in separate processes on the CPU or one CUDA GPU, not "
+                         f"under torchrun or on {dev.type!r}: use one of them (or split each batch with torchrun)")
 
     def say(text: str) -> None:
         if progress and rank == 0:
@@ -755,7 +758,6 @@ def run_experiment(
 
     if (result := cached()) is not None:
         return result
-    dev = pick_device(device)
     lock = exclusive(path, "the experiment result", say) if rank == 0 else contextlib.nullcontext()  # rank 0 writes
     with lock:
         result = cached()  # trained meanwhile by the process that held the lock
@@ -798,7 +800,7 @@ def _train(experiment: Experiment, profile: Profile, path: Path, force: bool, de
     start, before = time.perf_counter(), sum(r["wall_time_s"] for r in done.values())
     try:
         if workers > 1 and todo:
-            _train_in_workers(experiment, profile, path, todo, workers, done, say)
+            _train_in_workers(experiment, profile, path, todo, workers, dev, done, say)
         for i in todo:
             if i not in done:
                 run = plan[i]
@@ -879,7 +881,7 @@ def finished_so_far(name: str, profile: str | Profile | None = None) -> Experime
 
 
 def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo: list[int], workers: int,
-                      done: dict[int, dict[str, Any]], say: Callable[[str], None]) -> None:
+                      dev: torch.device, done: dict[int, dict[str, Any]], say: Callable[[str], None]) -> None:
     """Train the runs ``todo`` of ``experiment`` in worker processes, adding each finished one to
     ``done``; raise once all are through if a worker died (its run is then trained by a rerun)."""
     plan, cores = experiment.plan(profile), os.cpu_count() or 1
@@ -887,7 +889,8 @@ def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo
     if workers > cores:
         say(f"warning: {workers} workers on {cores} cores: they share the cores, and each holds its own copy "
             "of the data and the model (its peak memory is shown as its run finishes)")
-    say(f"training {len(todo)} runs, {workers} at a time on one CPU thread each")
+    where = "on the GPU, " if dev.type == "cuda" else "on "
+    say(f"training {len(todo)} runs, {workers} at a time {where}one CPU thread each")
 
     def finished(i: int) -> None:
         saved = read_run(partial_path(path, i), experiment, profile, plan[i])
@@ -898,7 +901,7 @@ def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo
     def lost(i: int, reason: str) -> None:
         say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is lost: its worker {reason}")
 
-    jobs = [(i, (plan[i], experiment, profile, partial_path(path, i), experiment.run_key(plan[i], profile)))
+    jobs = [(i, (plan[i], experiment, profile, partial_path(path, i), experiment.run_key(plan[i], profile), str(dev)))
             for i in todo]
     failed = run_in_processes(_train_and_keep, jobs, workers, finished, lost)
     if failed:

@@ -75,6 +75,28 @@ def plot_over_training(
     return fig
 
 
+def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Sequence[tuple[str, str]],
+                          colors: Mapping[str, str]) -> Figure:
+    """One panel per ``(series, ylabel)`` of ``paths`` (:func:`scalelong_edu.evidence.fig1_paths`),
+    value against step on a log axis: every seed of every method in ``labels`` a thin line, the
+    median over seeds bold, one colour per method (``colors``, by label)."""
+    fig, axes = plt.subplots(1, len(series), figsize=(7.0, 3.4), sharex=True, squeeze=False)
+    for ax, (name, ylabel) in zip(axes[0], series):
+        mine = paths[paths.series == name]
+        for label in labels:
+            runs = mine[mine.label == label].pivot_table(index="step", columns="seed", values="value")
+            ax.plot(runs.index, runs.to_numpy(), color=colors[label], lw=0.6, alpha=0.35)
+            ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2,
+                    label=f"{pretty(label)} (median of {runs.shape[1]})")
+        log_axis(ax)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(labels), 3), frameon=False)
+    fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, 1))
+    return fig
+
+
 def plot_intervals(
     panels: Mapping[str, Mapping[str, MethodSummary]], xlabel: str | Sequence[str],
     colors: Mapping[str, tuple] | None = None, ncols: int = 2,

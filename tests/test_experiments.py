@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelong_edu import cost
 from scalelong_edu import experiments as ex
 from scalelong_edu import __main__ as cli
 from scalelong_edu.__main__ import main
@@ -29,7 +28,7 @@ TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4,
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
-         "unet-lr-sweep", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet",
+         "unet-lr-sweep", "stress-search-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet",
          "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls", "live-depth", "stability-map"]
 
 
@@ -38,12 +37,6 @@ def tmp_results(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
     monkeypatch.setitem(ex.EXPERIMENTS, "quick", QUICK)
     return tmp_path
-
-
-def untimed_estimate(monkeypatch):
-    """run_experiment's cost estimate without building or timing a model (a zero-minute stub)."""
-    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "stub", 16, 8)
-    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))
 
 
 def write_gzip(path, text):
@@ -290,12 +283,13 @@ def test_workers_train_runs_in_parallel_processes_with_the_results_of_one_thread
         assert a["history"] == b["history"] and a["samples"] == b["samples"]
 
 
-def test_workers_are_refused_where_they_cannot_work(tmp_results):
+def test_workers_are_refused_where_they_cannot_work(tmp_results, monkeypatch):
     for workers in (0, 1.5, True):
         with pytest.raises(ValueError, match="workers must be a positive int"):
             ex.run_experiment("quick", TINY, workers=workers)
-    with pytest.raises(ValueError, match="without torchrun and with device 'cpu'"):
-        ex.run_experiment("quick", TINY, workers=2, device="cuda")
+    monkeypatch.setattr(ex, "pick_device", lambda device: torch.device("mps"))
+    with pytest.raises(ValueError, match="on the CPU or one CUDA GPU, not under torchrun or on 'mps'"):
+        ex.run_experiment("quick", TINY, workers=2)
 
 
 def keep(path, i, record, run, key=None, profile=TINY):
@@ -625,7 +619,8 @@ def test_the_ci_profile_caps_the_seeds_of_the_main_comparisons():
     assert "seed_cap" not in main.spec(get_profile("ci"))["profile"]
 
 
-def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp_results, monkeypatch):
+def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp_results, monkeypatch,
+                                                                            untimed_estimate):
     """The premise of every paired test in the book: same seed, same start, same data."""
     built, batches = [], []
     build = ex.build_model
@@ -644,7 +639,6 @@ def test_runs_of_two_methods_with_one_seed_share_initial_weights_and_batches(tmp
 
     monkeypatch.setattr(ex, "build_model", recording_build)
     monkeypatch.setattr(Trainer, "_next_batch", recording_batch)
-    untimed_estimate(monkeypatch)  # timing would build models of its own
     pair = ex.Experiment("pair", "none vs LS", (ex.RunSpec("none"), ex.RunSpec("LS", method="ls")), end_probes=False)
     monkeypatch.setitem(ex.EXPERIMENTS, "pair", pair)
     result = ex.run_experiment("pair", TINY, progress=False)

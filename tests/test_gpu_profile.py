@@ -30,6 +30,11 @@ EVERY_METHOD = ex.Experiment(
     "gpu-every-method", "the gpu profile's two backbones with every method",
     tuple(ex.RunSpec(f"{backbone} {method}", backbone=backbone, method=method)
           for backbone in ("unet", "uvit") for method in METHODS),
+    end_probes=False,
+)
+END_PROBES = ex.Experiment(
+    "gpu-end-probes", "the end-of-training probes on both gpu backbones (their code does not depend on the method)",
+    tuple(ex.RunSpec(f"{backbone} ls", backbone=backbone, method="ls") for backbone in ("unet", "uvit")),
     robustness_sigmas=(0.0, 0.1),
 )
 
@@ -47,14 +52,13 @@ def stand_in_cifar10(monkeypatch, tmp_path):
                             description="stand-in for CIFAR-10 (random images)")
     monkeypatch.setitem(data._DATASETS, "cifar10", (info, load))
     monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setitem(ex.EXPERIMENTS, EVERY_METHOD.name, EVERY_METHOD)
+    for experiment in (EVERY_METHOD, END_PROBES):
+        monkeypatch.setitem(ex.EXPERIMENTS, experiment.name, experiment)
     return tmp_path
 
 
-def test_every_method_on_both_gpu_backbones_trains_probes_samples_and_caches(stand_in_cifar10, monkeypatch):
-    # one power iteration instead of ten: the Lipschitz probe's 13 Jacobians of the U-ViT are most of a
-    # run's time on a CPU; its accuracy is tested in test_probes.py
-    monkeypatch.setattr(ex, "lipschitz", partial(pr.lipschitz, iters=1))
+def test_every_method_on_both_gpu_backbones_trains_probes_samples_and_caches(stand_in_cifar10, monkeypatch,
+                                                                             untimed_estimate):
     result = ex.run_experiment(EVERY_METHOD.name, SHORT, device="cpu", progress=False)
     assert [r["label"] for r in result.runs] == [run.label for run in EVERY_METHOD.runs]
     assert {r["run"]["lr"] for r in result.runs} == {GPU.lr["unet"], GPU.lr["uvit"]}
@@ -66,9 +70,8 @@ def test_every_method_on_both_gpu_backbones_trains_probes_samples_and_caches(sta
     probes = result.probes()
     for label in parameters:
         own = probes[probes.label == label]
-        assert set(own.probe) == {"features", "fixed", "grads", "adam", "robustness", "lipschitz"}, label
+        assert set(own.probe) == {"features", "fixed", "grads", "adam"}, label
         assert sorted(own[(own.probe == "fixed") & (own.quantity == "loss")].step) == [0, 1, 2], label
-        assert (own[own.probe == "lipschitz"].value > 0).all(), label
         assert result.samples(label).shape == (SHORT.n_samples, 3, 32, 32)
     assert result.spec["profile"]["unet"] == "unet-m" and result.spec["profile"]["dataset"] == "cifar10"
     assert result.spec["profile"]["steps"] == 2 and "lr" not in result.spec["profile"]
@@ -83,6 +86,18 @@ def test_every_method_on_both_gpu_backbones_trains_probes_samples_and_caches(sta
     assert classifier_confidence(samples, classifier).shape == (len(samples),)
     with pytest.warns(UserWarning, match="singular"):  # 24 samples < 64 features: said, not hidden
         assert fcd(samples, "cifar10", classifier) > 0
+
+
+def test_the_end_of_training_probes_run_on_both_gpu_backbones(stand_in_cifar10, monkeypatch, untimed_estimate):
+    # one power iteration instead of ten: the Lipschitz probe's 13 Jacobians of the U-ViT are most of a
+    # run's time on a CPU; its accuracy is tested in test_probes.py
+    monkeypatch.setattr(ex, "lipschitz", partial(pr.lipschitz, iters=1))
+    probes = ex.run_experiment(END_PROBES.name, SHORT, device="cpu", progress=False).probes()
+    for label in ("unet ls", "uvit ls"):
+        own = probes[probes.label == label]
+        assert {"robustness", "lipschitz"} <= set(own.probe), label
+        assert sorted(own[own.probe == "robustness"].sigma.unique()) == [0.0, 0.1], label
+        assert (own[own.probe == "lipschitz"].value > 0).all(), label
 
 
 @pytest.mark.parametrize("preset", [GPU.unet, GPU.uvit])

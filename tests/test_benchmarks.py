@@ -1,0 +1,33 @@
+"""The benchmark scripts that produce results (the others only print figures)."""
+
+import importlib.util
+from pathlib import Path
+
+from scalelong_edu.experiments import load_result
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_evidence_trains_the_main_comparison_and_sets_its_verdicts_beside_the_cpu_runs(tmp_path, capsys,
+                                                                                          untimed_estimate):
+    gpu_evidence = _script("gpu_evidence")
+    table = gpu_evidence.main(["--base", "ci", "--steps", "2", "--workers", "1", "--device", "cpu",
+                               "--out", str(tmp_path)])
+    [path] = tmp_path.glob("main-uvit-ci-*.json.gz")
+    result = load_result(path, "main-uvit")
+    assert result.spec["profile"]["steps"] == 2 and result.spec["profile"]["dataset"] == "mnist5k"
+    assert len(result.runs) == 8 and all(r["fd"]["fcd"] for r in result.runs)  # ci's 2 seeds x 4 methods
+    methods = ["1/sqrt(2)-CS", "CS (kappa=0.5)", "LS"]
+    assert list(table.index) == [(e, m) for m in methods for e in ("breakdowns", *gpu_evidence.ENDPOINTS)]
+    assert table.verdict.isin(["reproduced", "contradicted", "absent", "undecided", "-"]).all()
+    assert "verdict (cpu runs)" in table.columns  # the committed cpu runs, read before --out took over
+    assert table["measured (cpu runs)"].str.contains(r"n = \d+|\d+/\d+").all()
+    out = capsys.readouterr().out
+    assert "8 runs in" in out and "feature_range" in out
