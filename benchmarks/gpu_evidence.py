@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from scalelong_edu.evidence import compare, compare_breakdowns, rate_text, ratio_text, run_table
+from scalelong_edu.evidence import compare, compare_breakdowns, complete_seeds, rate_text, ratio_text, run_table
 from scalelong_edu.experiments import METHODS, ExperimentResult, finished_so_far, run_experiment
 from scalelong_edu.profiles import PROFILES, Profile
 
@@ -51,9 +51,7 @@ def evidence_profile(base: str = "gpu", dataset: str = "mnist5k", steps: int = 1
 def verdicts(result: ExperimentResult) -> pd.DataFrame:
     """One row per (endpoint, method): the paired verdict against no scaling, as text, on the seeds
     that every method has finished (a partial result's last seed may not be)."""
-    table = run_table(result)
-    complete = table.groupby("seed").method.nunique() == len(METHODS)
-    table = table[table.seed.isin(complete[complete].index)]
+    table = complete_seeds(run_table(result))
     rows = []
     for label, _, _ in METHODS[1:]:
         test = compare_breakdowns(table, label)

@@ -255,6 +255,14 @@ def _run_table(result: ExperimentResult, window: int) -> pd.DataFrame:
     return table
 
 
+def complete_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`run_table` whose seed every method of the table has finished: what a
+    paired test can use while an experiment's runs are still landing (a partial result's last seed
+    may have only some methods)."""
+    methods = table.groupby("seed").method.nunique()
+    return table[table.seed.map(methods) == table.method.nunique()]
+
+
 def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *, margin: float = 0.05,
             direction: str = "less", log: bool = True, pair_by: Sequence[str] = ("seed",),
             **where: object) -> PairedTest:
@@ -747,7 +755,7 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
-           "adam_table", "breakdown_scale", "by_method", "compare", "compare_breakdowns", "confident_samples", "fd_curves",
+           "adam_table", "breakdown_scale", "by_method", "compare", "complete_seeds", "compare_breakdowns", "confident_samples", "fd_curves",
            "feature_constants", "feature_ranges", "features", "fig1_paths", "geometric_fit", "gradient_constants",
            "output_constants", "rate_text", "ratio_text", "robustness_table", "run_table", "select", "speed_curves",
            "speed_target", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",

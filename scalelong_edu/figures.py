@@ -92,8 +92,8 @@ def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Se
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
     handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(len(labels), 3), frameon=False)
-    fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
+    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=min(len(labels), 3), frameon=False)
     return fig
 
 

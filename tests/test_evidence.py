@@ -210,6 +210,21 @@ def test_breakdown_scale_is_the_smallest_scale_where_20_to_80_percent_break_down
         evidence.breakdown_scale(result(runs, 10), low=0.7, high=0.9)
 
 
+def test_fig1_paths_are_geometric_means_over_the_skips_of_each_step():
+    rows = feature_rows(0, [1.0, 4.0], [1.0, 1.0]) + feature_rows(10, [2.0, 8.0], [1.0, 1.0])
+    rows += [row(step, "grads", "b", skip, "grad_norm", g) for step, gs in ((0, (1.0, 9.0)), (10, (2.0, 2.0)))
+             for skip, g in zip((1, 2), gs)]
+    paths = evidence.fig1_paths(result([record("none", 0, rows, history([0.5] * 10, [1.0] * 10))], 10))
+    assert list(paths.columns) == ["label", "seed", "step", "series", "value"]
+    feature, grad = (paths[paths.series == s].set_index("step").value for s in ("feature", "grad"))
+    assert feature.to_dict() == pytest.approx({0: 2.0, 10: 4.0}) and grad.to_dict() == pytest.approx({0: 3.0, 10: 2.0})
+
+
+def test_complete_seeds_keeps_the_seeds_every_method_has():
+    table = pd.DataFrame({"method": ["none", "CS", "none", "CS", "none"], "seed": [0, 0, 1, 1, 2]})
+    assert list(evidence.complete_seeds(table).seed) == [0, 0, 1, 1]
+
+
 # -- by_method, MethodSummary, verdict --------------------------------------------------------------
 def _table(rows):
     import pandas as pd

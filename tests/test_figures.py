@@ -16,6 +16,7 @@ from scalelong_edu.figures import (
     plot_kappa_profile,
     plot_over_training,
     plot_robustness,
+    plot_seeds_and_median,
     plot_stability_maps,
     plot_sweep,
     plot_xt_ratio,
@@ -217,3 +218,20 @@ def test_plot_stability_maps_one_heat_map_per_method_annotated_unstable_over_run
     assert [ax.get_title() for ax in visible] == ["none", "CS"]
     texts = [t.get_text() for t in visible[0].texts]
     assert texts == ["1/2", "2/2", "0/2", "0/2"]  # the highest learning rate on top
+
+
+def test_plot_seeds_and_median_draws_every_seed_thin_and_the_median_bold():
+    paths = pd.DataFrame([{"label": label, "seed": seed, "step": step, "series": series,
+                           "value": (1 + seed) * (2 if label == "none" else 1) * (1 + step)}
+                          for label in ("none", "CS") for seed in range(3) for step in (0, 10, 20)
+                          for series in ("feature", "grad")])
+    fig = plot_seeds_and_median(paths, ["none", "CS"], [("feature", "h"), ("grad", "g")],
+                                {"none": "black", "CS": "red"})
+    left, right = fig.axes[:2]
+    assert [ax.get_ylabel() for ax in (left, right)] == ["h", "g"] and left.get_yscale() == "log"
+    lines = left.get_lines()
+    assert len(lines) == 2 * (3 + 1)  # per method: three seeds, then the median
+    thin, median = lines[:3], lines[3]
+    assert all(line.get_linewidth() < median.get_linewidth() for line in thin)
+    assert list(median.get_ydata()) == [4.0, 44.0, 84.0]  # seed 1 of none: 2 * 2 * (1 + step)
+    assert legend_texts(fig.legends[0]) == ["none (median of 3)", "CS (median of 3)"]
