@@ -220,6 +220,16 @@ SWEEP = dict(step_fraction=1 / 3, adam_stats=False, fd_points=1, end_probes=Fals
 statistics or end probes (the largest runs of the book, sized to a few hours of a 2-core CPU)."""
 
 
+TRAINED = dict(seeds=6, adam_stats=False, fd_points=1, fd_samples=256, end_probes=False, ema_loss=True)
+"""Chapter 8's runs on trained models: the profile's full steps, six seeds, the EMA model's
+fixed-batch loss and the Frechet distance on 256 samples at the end; no Adam statistics or end
+probes. The depth, kappa and block-output experiments share them, so a run one of them trains (e.g.
+CS with kappa = 0.5 at N = 8) is reused by the others."""
+LONG = dict(seeds=6, long=True, adam_stats=False, fd_points=6, fd_samples=256, end_probes=False, ema_loss=True)
+"""The long runs behind the sample-quality claims: the profile's ``long_steps`` (chapter 1's UNet
+draws recognisable digits after as many), the Frechet distance six times over training."""
+
+
 LIVE = dict(seeds=2, step_fraction=0.7, adam_stats=False, fd_points=2, fd_samples=256, early_probes=(5, 300),
             batch_norms=True, ema_loss=True)
 """The recordings and size of the experiments a chapter's "at GPU scale" section trains live
@@ -300,6 +310,23 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "half the steps (chapter 8's live section)",
                    tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
                          for label, method, kappa in (METHODS[0], METHODS[2])), **{**LIVE, "step_fraction": 0.5}),
+        Experiment("depth-trained", "U-ViT with N = 2 and 8 long skips, full steps, six seeds: none vs 1/sqrt(2)-CS vs "
+                   "CS (chapter 8: method x depth on trained models, reviewer Q3)",
+                   tuple(RunSpec(f"{label}, N={n}", "uvit", method, kappa, model_overrides=depth_overrides("uvit", n))
+                         for n in (2, 8) for label, method, kappa in METHODS[:3]), **TRAINED),
+        Experiment("kappa-trained", "U-ViT with N = 8, full steps, six seeds: CS at kappa 0.3, 0.5, 0.7, 0.9 and 1 "
+                   "(= none; 0.5 and 1 are depth-trained's runs): where the optimum lies (reviewer W4)",
+                   tuple(RunSpec(f"CS (kappa={k:g}), N=8", "uvit", "cs" if k < 1 else "none", k if k < 1 else 1.0,
+                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.5, 0.7, 0.9, 1.0)),
+                   **TRAINED),
+        Experiment("block-output-trained", "U-ViT with N = 8, full steps, six seeds: block-output scaling at eta 0.5 and "
+                   "0.7 (against kappa-trained's CS at the same values; reviewer W2)",
+                   tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
+                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.5, 0.7)), **TRAINED),
+        Experiment("long-uvit", "U-ViT, the profile's long_steps, six seeds: none vs CS (kappa=0.5), with the Frechet "
+                   "distance over training (the sample-quality claims)",
+                   tuple(RunSpec(label, "uvit", method, kappa) for label, method, kappa in (METHODS[0], METHODS[2])),
+                   **LONG),
         Experiment("stability-map", "U-ViT, N = 2, 4, 8, at 8x and 16x the gentle learning rate: none vs "
                    "1/sqrt(2)-CS vs CS vs LS, two seeds (with depth-uvit at 1x, a map of where training holds)",
                    tuple(RunSpec(f"{label}, N={n}, lr x{k}", "uvit", method, kappa, lr_scale=k,

@@ -28,8 +28,9 @@ TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4,
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
-         "unet-lr-sweep", "stress-search-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit", "depth-unet",
-         "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls", "live-depth", "stability-map"]
+         "unet-lr-sweep", "stress-search-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit",
+         "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls", "live-depth",
+         "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map"]
 
 
 @pytest.fixture(autouse=True)
@@ -610,6 +611,22 @@ def test_fig1_recordings_dense_early_probes_batch_norms_ema_loss_and_fd_samples(
     spec = fig1.spec(TINY)["experiment"]
     assert spec["early_probes"] == (1, 2) and spec["batch_norms"] and spec["fd_samples"] == 6
     assert "batch_norms" not in QUICK.spec(TINY)["experiment"]  # defaults stay out: old hashes hold
+
+
+def test_the_runs_that_chapter_8s_trained_experiments_share_are_one_run_each():
+    cpu = get_profile("cpu")
+    keys = {name: {ex.get_experiment(name).run_key(run, cpu): run for run in ex.get_experiment(name).plan(cpu)}
+            for name in ("depth-trained", "kappa-trained", "block-output-trained")}
+    shared = keys["depth-trained"].keys() & keys["kappa-trained"].keys()
+    assert len(shared) == 2 * 6  # none and CS 0.5 at N = 8, six seeds
+    assert {(keys["depth-trained"][k].method, keys["depth-trained"][k].kappa) for k in shared} == {("none", 1.0),
+                                                                                                    ("cs", 0.5)}
+    assert not keys["block-output-trained"].keys() & (keys["depth-trained"].keys() | keys["kappa-trained"].keys())
+    long = ex.get_experiment("long-uvit")
+    assert long.steps(cpu) == cpu.long_steps and len(long.plan(cpu)) == 2 * 6
+    search = ex.get_experiment("stress-search-uvit")
+    assert [r.lr_scale for r in search.plan(cpu)[:5]] == list(ex.STRESS_SEARCH) and len(search.plan(cpu)) == 25
+    assert {r.method for r in search.runs} == {"none"}
 
 
 def test_the_ci_profile_caps_the_seeds_of_the_main_comparisons():
