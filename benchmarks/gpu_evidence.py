@@ -10,12 +10,12 @@ at once finish sooner than one after another.
 
 The result is written in the cache format as ``main-uvit-<profile>-<hash>.json.gz`` to ``--out``
 (default: ``results_dir()``, where the book's helpers load it like any other; on a device machine,
-its ``$OUT``, so that the one file comes back), and the script prints the wall time, then the paired verdict of each main endpoint for each
-method against no scaling, beside the same verdicts on the committed ``cpu`` runs (``compare``,
-declared margin 5%; breakdowns by ``compare_breakdowns``).
+its ``$OUT``, so that the one file comes back), and the script prints the wall time, then the paired
+verdict of each main endpoint for each method against no scaling, beside the same verdicts on the
+committed ``cpu`` runs (``compare``, declared margin 5%; breakdowns by ``compare_breakdowns``).
 
-    python benchmarks/gpu_evidence.py --out "$OUT"                             # on a GPU
-    python benchmarks/gpu_evidence.py --base ci --steps 2 --workers 1 --device cpu   # a CPU check
+    python benchmarks/gpu_evidence.py --out "$OUT"        # on a GPU
+    python benchmarks/gpu_evidence.py --base ci --steps 2 --workers 1 --device cpu    # a CPU check
 """
 
 from __future__ import annotations

@@ -755,8 +755,8 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
 
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
-           "adam_table", "breakdown_scale", "by_method", "compare", "complete_seeds", "compare_breakdowns", "confident_samples", "fd_curves",
-           "feature_constants", "feature_ranges", "features", "fig1_paths", "geometric_fit", "gradient_constants",
-           "output_constants", "rate_text", "ratio_text", "robustness_table", "run_table", "select", "speed_curves",
-           "speed_target", "speedup", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
-           "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]
+           "adam_table", "breakdown_scale", "by_method", "compare", "compare_breakdowns", "complete_seeds",
+           "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
+           "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text", "robustness_table",
+           "run_table", "select", "speed_curves", "speed_target", "speedup", "speedup_verdict", "spread_by",
+           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]

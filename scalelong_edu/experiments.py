@@ -272,8 +272,9 @@ EXPERIMENTS: dict[str, Experiment] = {
         *(Experiment(f"{b}-lr-sweep", f"{name}: none vs CS at 1, 4, 8, 16x the gentle learning rate, one seed, "
                      "a third of the steps (chooses the stress regime)", _lr_sweep(b), seeds=1, step_fraction=1 / 3)
           for b, name in BACKBONES.items()),
-        Experiment("stress-search-uvit", f"U-ViT, no scaling, at {', '.join(map(str, STRESS_SEARCH))}x the gentle learning "
-                   "rate, five seeds: the declared search for the stress regime (where 20-80% of unscaled runs break down)",
+        Experiment("stress-search-uvit", f"U-ViT, no scaling, at {', '.join(map(str, STRESS_SEARCH))}x the gentle "
+                   "learning rate, five seeds: the declared search for the stress regime (where 20-80% of unscaled "
+                   "runs break down)",
                    tuple(RunSpec(f"none, lr x{k:g}", "uvit", lr_scale=k) for k in STRESS_SEARCH), **STRESS),
         *(Experiment(f"scaling-{b}", f"{name}, gentle regime: none, 1/sqrt(2)-CS, CS at kappa 0.3 .. 0.9, LS "
                      "shared and per skip, with the Frechet distance over training (chapters 6-7)",
@@ -319,8 +320,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                    tuple(RunSpec(f"CS (kappa={k:g}), N=8", "uvit", "cs" if k < 1 else "none", k if k < 1 else 1.0,
                                  model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.5, 0.7, 0.9, 1.0)),
                    **TRAINED),
-        Experiment("block-output-trained", "U-ViT with N = 8, full steps, six seeds: block-output scaling at eta 0.5 and "
-                   "0.7 (against kappa-trained's CS at the same values; reviewer W2)",
+        Experiment("block-output-trained", "U-ViT with N = 8, full steps, six seeds: block-output scaling at eta 0.5 "
+                   "and 0.7 (against kappa-trained's CS at the same values; reviewer W2)",
                    tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
                                  model_overrides=depth_overrides("uvit", 8)) for k in (0.5, 0.7)), **TRAINED),
         Experiment("long-uvit", "U-ViT, the profile's long_steps, six seeds: none vs CS (kappa=0.5), with the Frechet "
@@ -765,10 +766,6 @@ def run_experiment(
     rank, world = init_distributed()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int (e.g. 2 on a 2-core CPU), got {workers!r}")
-    dev = pick_device(device)
-    if workers > 1 and (world > 1 or dev.type not in ("cpu", "cuda")):
-        raise ValueError(f"workers > 1 trains separate runs in separate processes on the CPU or one CUDA GPU, not "
-                         f"under torchrun or on {dev.type!r}: use one of them (or split each batch with torchrun)")
 
     def say(text: str) -> None:
         if progress and rank == 0:
@@ -785,6 +782,10 @@ def run_experiment(
 
     if (result := cached()) is not None:
         return result
+    dev = pick_device(device)
+    if workers > 1 and (world > 1 or dev.type not in ("cpu", "cuda")):
+        raise ValueError(f"workers > 1 trains separate runs in separate processes on the CPU or one CUDA GPU, not "
+                         f"under torchrun or on {dev.type!r}: use one of them (or split each batch with torchrun)")
     lock = exclusive(path, "the experiment result", say) if rank == 0 else contextlib.nullcontext()  # rank 0 writes
     with lock:
         result = cached()  # trained meanwhile by the process that held the lock
@@ -928,8 +929,8 @@ def _train_in_workers(experiment: Experiment, profile: Profile, path: Path, todo
     def lost(i: int, reason: str) -> None:
         say(f"run {i + 1}/{len(plan)} ({plan[i].label}, seed {plan[i].seed}) is lost: its worker {reason}")
 
-    jobs = [(i, (plan[i], experiment, profile, partial_path(path, i), experiment.run_key(plan[i], profile), str(dev)))
-            for i in todo]
+    jobs = [(i, (plan[i], experiment, profile, partial_path(path, i), experiment.run_key(plan[i], profile),
+                 str(dev))) for i in todo]
     failed = run_in_processes(_train_and_keep, jobs, workers, finished, lost)
     if failed:
         runs = ", ".join(str(i + 1) for i in failed)

@@ -1,8 +1,11 @@
 """The benchmark scripts that produce results (the others only print figures)."""
 
 import importlib.util
+from functools import partial
 from pathlib import Path
 
+from scalelong_edu import experiments as ex
+from scalelong_edu import probes as pr
 from scalelong_edu.experiments import load_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,13 +19,17 @@ def _script(name: str):
 
 
 def test_gpu_evidence_trains_the_main_comparison_and_sets_its_verdicts_beside_the_cpu_runs(tmp_path, capsys,
+                                                                                          monkeypatch,
                                                                                           untimed_estimate):
+    # one power iteration instead of ten (the Lipschitz probe's accuracy is tested in test_probes.py), and the
+    # ci profile's own dataset, parsed already (mnist5k's first load takes seconds)
+    monkeypatch.setattr(ex, "lipschitz", partial(pr.lipschitz, iters=1))
     gpu_evidence = _script("gpu_evidence")
-    table = gpu_evidence.main(["--base", "ci", "--steps", "2", "--workers", "1", "--device", "cpu",
-                               "--out", str(tmp_path)])
+    table = gpu_evidence.main(["--base", "ci", "--dataset", "digits8x8", "--steps", "2", "--workers", "1",
+                               "--device", "cpu", "--out", str(tmp_path)])
     [path] = tmp_path.glob("main-uvit-ci-*.json.gz")
     result = load_result(path, "main-uvit")
-    assert result.spec["profile"]["steps"] == 2 and result.spec["profile"]["dataset"] == "mnist5k"
+    assert result.spec["profile"]["steps"] == 2 and result.spec["profile"]["dataset"] == "digits8x8"
     assert len(result.runs) == 8 and all(r["fd"]["fcd"] for r in result.runs)  # ci's 2 seeds x 4 methods
     methods = ["1/sqrt(2)-CS", "CS (kappa=0.5)", "LS"]
     assert list(table.index) == [(e, m) for m in methods for e in ("breakdowns", *gpu_evidence.ENDPOINTS)]
