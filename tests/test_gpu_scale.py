@@ -4,6 +4,7 @@ runs end to end; its figure stands beside the committed result's."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import matplotlib.pyplot as plt
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from scalelong_edu import experiments as ex
 from scalelong_edu import gpu_scale
+from scalelong_edu import probes as pr
 from scalelong_edu.profiles import PROFILES
 
 TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4, sample_steps=2, seeds=2,
@@ -38,10 +40,13 @@ def test_a_section_without_a_gpu_says_what_it_would_train(monkeypatch, capsys):
         gpu_scale.section(9)
 
 
-def test_every_section_runs_end_to_end_at_the_ci_size(monkeypatch):
+def test_every_section_runs_end_to_end_at_the_ci_size(monkeypatch, untimed_estimate):
     """What a GPU reader's section does, at the ci profile on the CPU: trains, measures, caches;
-    chapter 7 trains only its LS runs (its unscaled runs are chapter 3's)."""
+    chapter 7 trains only its LS runs (its unscaled runs are chapter 3's). The estimate it announces
+    is tested in test_cost.py, the Lipschitz probe's accuracy (here one power iteration, not ten) in
+    test_probes.py."""
     monkeypatch.setenv("SCALELONG_PROFILE", "ci")
+    monkeypatch.setattr(ex, "lipschitz", partial(pr.lipschitz, iters=1))
     trained = []
     real = ex.train_run
     monkeypatch.setattr(ex, "train_run", lambda run, *a, **k: trained.append(run.label) or real(run, *a, **k))
