@@ -45,10 +45,11 @@ def results_here(tmp_path, monkeypatch):
     return tmp_path
 
 
-SLOWEST_FIRST = ("tests/test_book_html.py", "tests/test_experiments.py", "tests/test_gpu_profile.py", "tests/test_workers.py",
-                 "tests/test_gpu_scale.py", "tests/test_colab.py", "tests/test_stats.py", "book/03_hidden_features.ipynb",
-                 "book/01_ddpm_objective.ipynb", "tests/test_train.py", "book/08_reviewer_questions.ipynb",
-                 "book/06_constant_scaling.ipynb", "tests/test_benchmarks.py", "book/")
+SLOWEST_FIRST = ("tests/test_book_html.py", "tests/test_experiments.py", "tests/test_gpu_profile.py",
+                 "tests/test_workers.py", "tests/test_gpu_scale.py", "tests/test_colab.py", "tests/test_stats.py",
+                 "book/03_hidden_features.ipynb", "book/01_ddpm_objective.ipynb", "tests/test_train.py",
+                 "book/08_reviewer_questions.ipynb", "book/06_constant_scaling.ipynb", "tests/test_benchmarks.py",
+                 "book/")
 """The files that take longest, run first: `make test`'s two workers (pytest-xdist, one file at a
 time each) then finish together instead of one waiting while the other runs a notebook."""
 
