@@ -361,9 +361,9 @@ def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
     ``lr_scale`` at which every run of the sweep finished with a training loss (:func:`run_table`)
     within ``tolerance`` times the sweep's best. The baseline is pushed as hard as possible while
     every method still trains, so that the comparison is between trained models."""
-    table = run_table(sweep).assign(scale=[r["run"]["lr_scale"] for r in sweep.runs])
+    table = run_table(sweep)
     best = table.loss.min()
-    ok = table.groupby("scale").loss.apply(lambda loss: bool(loss.notna().all() and (loss <= tolerance * best).all()))
+    ok = table.groupby("lr_scale").loss.apply(lambda loss: bool(loss.notna().all() and (loss <= tolerance * best).all()))
     if not ok.any():
         raise ValueError(f"no learning rate of the sweep trains every run within {tolerance}x the best loss")
     return float(ok[ok].index.max())
@@ -375,8 +375,7 @@ def breakdown_scale(search: ExperimentResult, low: float = 0.2, high: float = 0.
     (``broke_down`` of :func:`run_table`) lies in ``[low, high]``. There the unscaled baseline
     fails often enough for a method to be seen preventing it and trains often enough for one to be
     seen causing it. Raises ``ValueError``, with the share at every scale, when no scale qualifies."""
-    table = run_table(search).assign(scale=[r["run"]["lr_scale"] for r in search.runs])
-    shares = table.groupby("scale").broke_down.mean()
+    shares = run_table(search).groupby("lr_scale").broke_down.mean()
     inside = shares[(shares >= low) & (shares <= high)]
     if inside.empty:
         seen = ", ".join(f"x{k:g}: {v:.0%}" for k, v in shares.items())
