@@ -48,6 +48,7 @@ pointing to the offline fallback ``load_dataset("mnist5k")``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -191,13 +192,26 @@ def _load_mnist5k(split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 @lru_cache(maxsize=1)
 def _digits8x8_all() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's 1,797 digits as uint8 (1797, 1, 8, 8), grey levels 0..16 stretched to 0..255,
-    and int64 labels (``load_digits`` parses a text file each call, so cached: a tiny run loads
-    its dataset several times)."""
-    from sklearn.datasets import load_digits
+    and int64 labels. Cached: a tiny run loads its dataset several times.
 
-    digits = load_digits()
-    images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)).unsqueeze(1)
-    return images, torch.from_numpy(digits.target.astype(np.int64))
+    The rows are read from the text file scikit-learn ships (64 pixels, then the label, per line),
+    as ``sklearn.datasets.load_digits`` reads them, without importing scikit-learn: that import
+    costs seconds (SciPy and more) in every process, and the ``ci`` profile starts many. Where the
+    file is not at its usual place, ``load_digits`` reads it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ImportError("digits8x8 is scikit-learn's digits dataset: pip install scikit-learn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if path.exists():
+        rows = np.loadtxt(path, delimiter=",")
+        pixels, labels = rows[:, :-1].reshape(-1, 8, 8), rows[:, -1]
+    else:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        pixels, labels = digits.images, digits.target
+    images = torch.from_numpy(np.round(pixels * (255 / 16)).astype(np.uint8)).unsqueeze(1)
+    return images, torch.from_numpy(labels.astype(np.int64))
 
 
 def _load_digits8x8(split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:

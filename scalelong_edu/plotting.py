@@ -28,7 +28,6 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
-from torchvision.utils import make_grid
 
 from .diffusion import DiscreteSchedule, q_sample
 from .train import Callback
@@ -168,6 +167,8 @@ def image_grid(images: Any, nrow: int | None = None, padding: int = 1, pad_value
         raise ValueError(f"padding must be an int >= 0, got {padding!r}")
     if not 0.0 <= pad_value <= 1.0:
         raise ValueError(f"pad_value must lie in [0, 1], got {pad_value}")
+    from torchvision.utils import make_grid  # imported here: torchvision takes seconds to import
+
     grid = make_grid(batch, nrow=int(nrow), padding=int(padding), normalize=True, value_range=(-1.0, 1.0),
                      pad_value=pad_value).numpy()
     return grid[0] if batch.shape[1] == 1 else grid.transpose(1, 2, 0)

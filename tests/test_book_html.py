@@ -13,8 +13,9 @@ an 88-character line cannot fit 390 px; equations, figures, widgets and charts m
 phone no margin note or sidebar may be squeezed beside the text; figure captions must be as legible
 as the text. Equations and figures are numbered per chapter, the bibliography is author-year with
 links back to the citations, and the kappa explorer of chapter 2 (a Vega-Lite chart) must recompute
-when its controls move. Full-page screenshots at both widths are saved in ``_build/screenshots/``
-for a human to look at.
+when its controls move. With ``SCALELONG_SCREENSHOTS=1`` in the environment, full-page screenshots
+at both widths are saved in ``_build/screenshots/`` for a human to look at (they check nothing, and
+take about a third of the browser's time).
 
 The test is hermetic. The pages load MathJax, Vega (and, on pages with widgets, RequireJS and the
 Jupyter widget manager) from public CDNs; the browser gets those files from local copies of
@@ -50,7 +51,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
-SHOTS = ROOT / "_build" / "screenshots"
+SHOTS = ROOT / "_build" / "screenshots" if os.environ.get("SCALELONG_SCREENSHOTS") == "1" else None
 NPM_CACHE = ROOT / ".cache" / "npm"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -572,7 +573,8 @@ def browser(site: str):
 @pytest.fixture(scope="module")
 def visits(browser: BrowserSession) -> dict[tuple[str, int], Visit]:
     """Open every TOC page once at every width; one Visit per (docname, width)."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, int], Visit] = {}
     for width in WIDTHS:
         for p in PAGES:
@@ -586,11 +588,12 @@ def visits(browser: BrowserSession) -> dict[tuple[str, int], Visit]:
                 visit.raw_tex = sorted({m.group(0)[:80] for m in RAW_TEX.finditer(seen.pop("prose"))})
                 for key, value in seen.items():
                     setattr(visit, key, value)
-                shot = SHOTS / f"{p.docname.replace('/', '__')}-{width}.png"
-                try:
-                    tab.screenshot(path=str(shot), full_page=True)
-                except Exception as exc:  # a screenshot is for humans: never a test failure
-                    warnings.warn(f"no screenshot of {p.docname} at {width} px: {exc}")
+                if SHOTS is not None:
+                    shot = SHOTS / f"{p.docname.replace('/', '__')}-{width}.png"
+                    try:
+                        tab.screenshot(path=str(shot), full_page=True)
+                    except Exception as exc:  # a screenshot is for humans: never a test failure
+                        warnings.warn(f"no screenshot of {p.docname} at {width} px: {exc}")
                 for key, value in tab.evaluate(LAYOUT_JS, width == PHONE).items():
                     setattr(visit, key, value)
                 visit.page_bytes = sum(served)

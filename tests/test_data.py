@@ -4,6 +4,7 @@ Everything runs offline: the torchvision datasets are exercised on tiny files in
 torchvision's own on-disk formats, written into a temporary data root.
 """
 
+import builtins
 import dataclasses
 import os
 import pickle
@@ -88,6 +89,32 @@ def test_mnist5k_split_partitions_the_real_digits(mnist5k_raw):
     assert not set(train) & set(test)
     assert train + test == image_counter(raw_images, raw_labels)
     assert (train_x[:, :, :2] == -1).all() and (train_x[:, :, :, -2:] == -1).all()  # the 2 px padding
+
+
+def test_digits8x8_reads_sklearns_file_without_importing_sklearn_and_falls_back_to_load_digits(
+        digits_raw, monkeypatch, tmp_path):
+    real_import = builtins.__import__
+
+    def no_sklearn(name, *args, **kwargs):
+        assert name.partition(".")[0] != "sklearn", f"imported {name}"
+        return real_import(name, *args, **kwargs)
+
+    data._digits8x8_all.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_sklearn)
+        images, labels = data._digits8x8_all()
+    assert (images.numpy() == digits_raw[0]).all() and (labels.numpy() == digits_raw[1]).all()
+
+    elsewhere = types.SimpleNamespace(origin=str(tmp_path / "sklearn" / "__init__.py"))  # no data file there
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: elsewhere)
+    data._digits8x8_all.cache_clear()
+    moved = data._digits8x8_all()
+    assert all((a == b).all() for a, b in zip(moved, (images, labels)))
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    data._digits8x8_all.cache_clear()
+    with pytest.raises(ImportError, match="pip install scikit-learn"):
+        data._digits8x8_all()
+    data._digits8x8_all.cache_clear()
 
 
 def test_digits8x8_split_partitions_sklearn_digits(digits_raw):
