@@ -266,3 +266,36 @@ def plot_stability_maps(stability: pd.DataFrame, ncols: int = 2) -> Figure:
     for ax in axes.flat[len(methods):]:
         ax.set_visible(False)
     return fig
+
+
+def plot_breakdown_search(table: pd.DataFrame, threshold: float, chosen: float | None = None,
+                          ax: Axes | None = None) -> Axes:
+    """The map of a stress search (``run_table`` of ``stress-search-uvit``): every run's final
+    training loss against its learning-rate factor ``lr_scale`` (log axes), runs that broke down as
+    crosses, the breakdown ``threshold`` dashed, ``broke down / runs`` above each factor, and the
+    factor the rule ``chosen`` (:func:`scalelong_edu.evidence.breakdown_scale`) shaded. A diverged
+    run, which has no final loss, is drawn at the top of the axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.0, 3.4))
+    scales = np.sort(table.lr_scale.unique())
+    top = max(float(table.loss.max()), threshold) * 2
+    for broke, marker, name in ((False, "o", "trains"), (True, "x", "breaks down")):
+        rows = table[table.broke_down == broke]
+        if len(rows):
+            ax.scatter(rows.lr_scale, rows.loss.fillna(top), marker=marker, s=28, alpha=0.8,
+                       color="C3" if broke else "C0", label=name, zorder=3)
+    ax.axhline(threshold, ls="--", lw=1, color="0.4", label=f"breakdown threshold {threshold:g}")
+    for scale, rows in table.groupby("lr_scale"):
+        ax.annotate(f"{int(rows.broke_down.sum())}/{len(rows)}", (scale, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom")
+    if chosen is not None:
+        ax.axvspan(chosen / 1.08, chosen * 1.08, color="C2", alpha=0.2, lw=0, label=f"chosen: ×{chosen:g}")
+    ax.set_xscale("log")
+    ax.set_xticks(scales, [f"×{s:g}" for s in scales])
+    ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+    log_axis(ax)
+    ax.set_ylim(top=top * 1.3)
+    ax.set_xlabel("learning rate, in multiples of the gentle one")
+    ax.set_ylabel("final training loss")
+    legend_below(ax, ncol=2)
+    return ax

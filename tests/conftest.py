@@ -27,14 +27,11 @@ def one_thread():
 
 @pytest.fixture
 def untimed_estimate(monkeypatch):
-    """run_experiment's cost estimate as a zero-minute stub, for tests about something else: the
-    estimate builds, counts and times models of its own, which for the `gpu` presets on a CPU costs
-    as much as training them (tests/test_cost.py tests the estimate)."""
-    from scalelong_edu import cost
+    """run_experiment's cost estimate as a zero-minute stub (:func:`tests.stubs.untimed_estimate`)."""
     from scalelong_edu import experiments as ex
+    from tests.stubs import untimed_estimate
 
-    stub = cost.Work((cost.RunWork(cost.ModelCost("stub", 1.0, 1.0), 1, 0, 0),), "stub", 16, 8)
-    monkeypatch.setattr(ex, "estimate_here", lambda *a: cost.Estimate(stub, 0.0, "cpu", "not timed here"))
+    monkeypatch.setattr(ex, "estimate_here", untimed_estimate)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from scalelong_edu.evidence import MethodSummary
 from scalelong_edu.figures import (
     method_colors,
     plot_against_tail_sum,
+    plot_breakdown_search,
     plot_fd_curves,
     plot_intervals,
     plot_kappa_profile,
@@ -235,3 +236,18 @@ def test_plot_seeds_and_median_draws_every_seed_thin_and_the_median_bold():
     assert all(line.get_linewidth() < median.get_linewidth() for line in thin)
     assert list(median.get_ydata()) == [4.0, 44.0, 84.0]  # seed 1 of none: 2 * 2 * (1 + step)
     assert legend_texts(fig.legends[0]) == ["none (median of 3)", "CS (median of 3)"]
+
+
+def test_plot_breakdown_search_marks_breakdowns_counts_them_and_shades_the_choice():
+    table = pd.DataFrame({"lr_scale": [16, 16, 48, 48, 64, 64],
+                          "loss": [0.07, 0.08, 0.3, 0.7, 0.9, float("nan")],
+                          "broke_down": [False, False, False, True, True, True]})
+    ax = plot_breakdown_search(table, 0.5, chosen=48)
+    trains, breaks = ax.collections[:2]
+    assert len(trains.get_offsets()) == 3 and len(breaks.get_offsets()) == 3
+    assert breaks.get_offsets()[:, 1].max() > 0.9  # the diverged run drawn at the top, not dropped
+    assert [t.get_text() for t in ax.texts] == ["0/2", "1/2", "2/2"]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["×16", "×48", "×64"]
+    assert legend_texts(ax.get_legend())[-1] == "chosen: ×48"
+    assert len(plot_breakdown_search(table, 0.5).patches) == 0  # no rule's choice: nothing shaded

@@ -44,9 +44,11 @@ def dispatch(name, *args):
 
 def start(tmp_path, *args, steps=3000, seeds=1):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SCALELONG_RESULTS": str(tmp_path)}
+    # Ctrl-C's default action restored: a shell's background job (`make test &`) starts with SIGINT
+    # ignored, its children inherit that, and Python then leaves Ctrl-C ignored too
     return subprocess.Popen([sys.executable, str(CLI_WORKER), str(steps), str(seeds), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def worker_processes(parent, n, timeout=120):
