@@ -3,6 +3,7 @@
 import errno
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -295,7 +296,7 @@ def test_pick_device(monkeypatch):
 DDP_WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def test_ddp_two_processes_match_one_process(tmp_path):
+def test_ddp_two_processes_match_one_process(tmp_path, monkeypatch):
     """torchrun with 2 gloo processes and the same global batch gives the single-process result."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(
@@ -303,7 +304,8 @@ def test_ddp_two_processes_match_one_process(tmp_path):
          str(DDP_WORKER), str(tmp_path / "ddp.pt")],
         check=True, env=env, timeout=300, capture_output=True,
     )
-    subprocess.run([sys.executable, str(DDP_WORKER), str(tmp_path / "single.pt")], check=True, env=env, timeout=300)
+    monkeypatch.setattr(sys, "argv", [str(DDP_WORKER), str(tmp_path / "single.pt")])
+    runpy.run_path(str(DDP_WORKER), run_name="__main__")  # the single process: this one
     ddp, single = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "single.pt")
     assert ddp["world"] == 2 and single["world"] == 1
     assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-4)
