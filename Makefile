@@ -24,9 +24,10 @@ book: $(VENV)/.installed-book
 	$(BIN)/jupyter-book build . --all -W --keep-going
 
 # two workers (pytest-xdist), one test file or notebook each at a time, one thread each: the
-# models are small, and two one-thread processes keep both cores of a 2-core machine busy
+# models are small, and two one-thread processes keep both cores of a 2-core machine busy. Files
+# are handed out longest first (tests/conftest.py's SLOWEST_FIRST), not by their number of tests
 test: $(VENV)/.installed-test+book
-	SCALELONG_PROFILE=ci OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	SCALELONG_PROFILE=ci OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 execute: $(VENV)/.installed-book
 	$(BIN)/python -m scalelong_edu.notebooks execute

@@ -43,12 +43,14 @@ def results_here(tmp_path, monkeypatch):
 
 
 SLOWEST_FIRST = ("tests/test_book_html.py", "tests/test_experiments.py", "tests/test_gpu_profile.py",
-                 "tests/test_workers.py", "tests/test_gpu_scale.py", "tests/test_colab.py", "tests/test_stats.py",
-                 "book/03_hidden_features.ipynb", "book/01_ddpm_objective.ipynb", "tests/test_train.py",
-                 "book/08_reviewer_questions.ipynb", "book/06_constant_scaling.ipynb", "tests/test_benchmarks.py",
-                 "book/")
-"""The files that take longest, run first: `make test`'s two workers (pytest-xdist, one file at a
-time each) then finish together instead of one waiting while the other runs a notebook."""
+                 "tests/test_workers.py", "tests/test_gpu_scale.py", "tests/test_train.py", "tests/test_colab.py",
+                 "tests/test_stats.py", "book/03_hidden_features.ipynb", "book/01_ddpm_objective.ipynb",
+                 "book/06_constant_scaling.ipynb", "book/08_reviewer_questions.ipynb", "tests/test_cost.py",
+                 "tests/test_benchmarks.py", "book/")
+"""The files that take longest (measured), run first: `make test`'s two workers (pytest-xdist, one
+file at a time each) then finish together instead of one waiting while the other runs a notebook.
+The Makefile passes ``--no-loadscope-reorder``: without it xdist hands out files by their number of
+tests, and the slow files with few tests come last."""
 
 
 def pytest_collection_modifyitems(config, items):
