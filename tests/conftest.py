@@ -1,5 +1,7 @@
 """Shared test set-up: one intra-op thread, figures render off-screen and are closed after every test."""
 
+import os
+
 import matplotlib
 import torch
 
@@ -13,6 +15,20 @@ import pytest  # noqa: E402
 def close_figures():
     yield
     plt.close("all")
+
+
+SETTINGS = ("SCALELONG_RESULTS", "SCALELONG_DATA", "SCALELONG_PROFILE", "SCALELONG_TRAIN", "SCALELONG_DEVICE")
+
+
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """No test may leave the package's settings changed: the notebooks that run later in the same
+    worker start their kernels with this environment (a leaked SCALELONG_RESULTS made them train
+    every experiment live)."""
+    before = {name: os.environ.get(name) for name in SETTINGS}
+    yield
+    changed = {name: (value, os.environ.get(name)) for name, value in before.items() if os.environ.get(name) != value}
+    assert not changed, f"the test left these settings changed (before, after): {changed}"
 
 
 @pytest.fixture(autouse=True, scope="session")
