@@ -211,6 +211,14 @@ STRESS = dict(seeds=5, adam_stats=False, end_probes=False, ema_loss=True)
 """The stress runs' recordings: the probes and the EMA model's fixed-batch loss, no Adam statistics
 or end probes (a breakdown is read off the loss). The search and the stress comparison share them,
 so the comparison reuses the search's unscaled runs at the learning rate it picks."""
+STRESS_SCALE = 32
+"""The stress regime's learning rate, in multiples of the gentle one: the rate the declared rule
+(:func:`scalelong_edu.evidence.breakdown_scale`) picks on the finished ``stress-search-uvit``
+(an int, as in :data:`STRESS_SEARCH`, so that the comparison's unscaled runs are the search's; a
+test checks that the rule still picks it)."""
+BREAKDOWN_SEEDS = 10
+"""Seeds per method of the stress comparison (``breakdown-uvit``): breakdowns are a rate, counted
+on runs paired by seed."""
 
 
 DEPTHS = (2, 4, 6, 8)
@@ -276,6 +284,12 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "learning rate, five seeds: the declared search for the stress regime (where 20-80% of unscaled "
                    "runs break down)",
                    tuple(RunSpec(f"none, lr x{k:g}", "uvit", lr_scale=k) for k in STRESS_SEARCH), **STRESS),
+        Experiment("breakdown-uvit", f"U-ViT at {STRESS_SCALE}x the gentle learning rate (the stress rate that "
+                   "stress-search-uvit's rule picks), ten seeds: how often none, 1/sqrt(2)-CS, CS and LS break down",
+                   (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),  # as the search declared it: its runs
+                    *(RunSpec(label, "uvit", method, kappa, lr_scale=STRESS_SCALE)
+                      for label, method, kappa in METHODS[1:])),
+                   **{**STRESS, "seeds": BREAKDOWN_SEEDS}),
         *(Experiment(f"scaling-{b}", f"{name}, gentle regime: none, 1/sqrt(2)-CS, CS at kappa 0.3 .. 0.9, LS "
                      "shared and per skip, with the Frechet distance over training (chapters 6-7)",
                      tuple(RunSpec(label, b, method, kappa) for label, method, kappa in SCALING_METHODS),

@@ -28,9 +28,9 @@ TINY = replace(PROFILES["ci"], steps=4, eval_every=2, batch_size=8, n_samples=4,
 QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec("CS", method="cs")),
                       robustness_sigmas=(0.0, 0.1))
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
-         "unet-lr-sweep", "stress-search-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress", "depth-uvit",
-         "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls", "live-depth",
-         "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map"]
+         "unet-lr-sweep", "stress-search-uvit", "breakdown-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress",
+         "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
+         "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map"]
 
 
 @pytest.fixture(autouse=True)
@@ -752,3 +752,18 @@ def test_a_second_process_waits_for_the_first_and_loads_what_it_cached(tmp_resul
         aside.rename(path)  # ... which caches its result and lets go
     second.join(60)
     assert "[quick] loaded from the cache" in capsys.readouterr().out and loaded[0].path == path
+
+
+def test_the_stress_comparison_runs_where_the_declared_rule_puts_it_and_reuses_the_searchs_runs(monkeypatch):
+    from scalelong_edu.evidence import breakdown_scale
+
+    monkeypatch.delenv("SCALELONG_RESULTS")  # the committed results
+    cpu = PROFILES["cpu"]
+    search = ex.finished_so_far("stress-search-uvit", cpu)
+    assert "partial" not in search.provenance, "the rule is applied to the finished search only"
+    assert breakdown_scale(search) == ex.STRESS_SCALE
+    searching, comparing = ex.EXPERIMENTS["stress-search-uvit"], ex.EXPERIMENTS["breakdown-uvit"]
+    searched = {searching.run_key(r, cpu) for r in searching.plan(cpu) if r.lr_scale == ex.STRESS_SCALE}
+    unscaled = {comparing.run_key(r, cpu) for r in comparing.plan(cpu) if r.method == "none"}
+    assert len(searched) == searching.seeds
+    assert searched < unscaled and len(unscaled) == ex.BREAKDOWN_SEEDS
