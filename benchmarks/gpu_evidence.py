@@ -25,6 +25,7 @@ import math
 import os
 import time
 from dataclasses import replace
+from unittest.mock import patch
 
 import pandas as pd
 
@@ -83,10 +84,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     except FileNotFoundError as error:
         cpu = None
         print(f"no committed cpu runs to set beside: {error}")
-    if args.out:
-        os.environ["SCALELONG_RESULTS"] = args.out  # after the cpu runs were read from results_dir()
     start = time.perf_counter()
-    result = run_experiment("main-uvit", profile, device=args.device, workers=args.workers, budget=math.inf)
+    # --out redirects results_dir() (and the workers' copy of it) for this run only, after the cpu runs were read
+    with patch.dict(os.environ, {"SCALELONG_RESULTS": args.out} if args.out else {}):
+        result = run_experiment("main-uvit", profile, device=args.device, workers=args.workers, budget=math.inf)
     print(f"main-uvit at {profile.uvit}, {profile.dataset} {profile.image_size} px, {args.steps} steps: "
           f"{len(result.runs)} runs in {time.perf_counter() - start:.0f} s ({result.describe()}); {result.path}")
     here = verdicts(result).set_index(["endpoint", "method"])

@@ -24,10 +24,7 @@ def test_gpu_evidence_trains_the_main_comparison_and_sets_its_verdicts_beside_th
     # one power iteration instead of ten (the Lipschitz probe's accuracy is tested in test_probes.py), and the
     # ci profile's own dataset, parsed already (mnist5k's first load takes seconds)
     monkeypatch.setattr(ex, "lipschitz", partial(pr.lipschitz, iters=1))
-    # --out sets SCALELONG_RESULTS: setenv first, so that the teardown restores the variable's state
-    # (a delenv of an unset variable records nothing, and later notebook kernels would inherit --out)
-    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
-    monkeypatch.delenv("SCALELONG_RESULTS")
+    monkeypatch.delenv("SCALELONG_RESULTS", raising=False)  # the committed cpu runs, set beside
     gpu_evidence = _script("gpu_evidence")
     table = gpu_evidence.main(["--base", "ci", "--dataset", "digits8x8", "--steps", "2", "--workers", "1",
                                "--device", "cpu", "--out", str(tmp_path)])
