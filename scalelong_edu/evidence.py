@@ -32,14 +32,15 @@ from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
 from .profiles import PROFILES
-from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, mean_se, oscillation, paired_rates,
-                    paired_test, trend_test)
+from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, exact_interval, mean_se, oscillation,
+                    paired_rates, paired_test, trend_test)
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .experiments import ExperimentResult
+    from .ledger import Claim
 
 LATE = 0.5
 """Oscillation is measured over the last half of training, once the early growth of the norms
@@ -324,6 +325,14 @@ def rate_text(test: RateTest, names: tuple[str, str] = ("none", "scaled")) -> st
                      for name, k, (lo, hi) in zip(names, test.events, test.ci))
 
 
+def breakdown_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """Per method of :func:`run_table` (in its order): runs that broke down (``broke``), ``runs``,
+    the rate and its exact 95% interval (``lo``, ``hi``; :func:`scalelong_edu.stats.exact_interval`)."""
+    counts = table.groupby("method", sort=False).broke_down.agg(broke="sum", runs="size")
+    bounds = [exact_interval(int(k), int(n)) for k, n in counts.itertuples(index=False)]
+    return counts.assign(rate=counts.broke / counts.runs, lo=[b[0] for b in bounds], hi=[b[1] for b in bounds])
+
+
 def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "none", *, margin: float = 0.25,
                        direction: str = "less", **where: object) -> RateTest:
     """Claim "``treatment`` breaks down less often than ``baseline``" (``broke_down`` of
@@ -342,6 +351,48 @@ def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "non
         raise ValueError(f"{treatment!r} and {baseline!r} were not run at the same settings and seeds")
     order = sorted(arms[0].index)
     return paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin, direction)
+
+
+def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dict) -> pd.DataFrame:
+    """The rows of the two arms at ``where`` whose seed both arms have finished."""
+    rows = select(table, **where)
+    rows = rows[rows.method.isin([baseline, treatment])]
+    return rows[rows.seed.map(rows.groupby("seed").method.nunique()) == 2]
+
+
+def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, planned: int, *,
+                 baseline: str = "none", margin: float = 0.05, direction: str = "less", log: bool = True,
+                 what: str = "", **where: object) -> Claim:
+    """The claims-table line of "``treatment`` moves ``column`` in ``direction``" (:func:`compare`,
+    ``margin`` and ``log`` as there; the measured text is :func:`ratio_text`, which for a difference
+    of logits reads as an odds ratio), on the seeds both arms have finished out of the ``planned``
+    ones: *undecided* until all have landed (:class:`scalelong_edu.ledger.Claim`), and without a
+    test while fewer than two have."""
+    from .ledger import Claim
+
+    rows = _paired_seeds(table, treatment, baseline, where)
+    n = rows.seed.nunique()
+    if n < 2:
+        return Claim(chapter, paper, f"runs landing: {n} of {planned} seeds", "undecided", planned=planned)
+    test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, **where)
+    return Claim(chapter, paper, ratio_text(test, what), test=test, margin=f"{margin:.0%}" if log else f"{margin:g}",
+                 planned=planned)
+
+
+def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: str, planned: int, *,
+                    baseline: str = "none", margin: float = 0.25, **where: object) -> Claim:
+    """The claims-table line of "``treatment`` breaks down less often than ``baseline``"
+    (:func:`compare_breakdowns`, exact McNemar) on the seeds both arms have finished out of the
+    ``planned`` ones, *undecided* until all have landed."""
+    from .ledger import Claim
+    from .plotting import pretty
+
+    rows = _paired_seeds(table, treatment, baseline, where)
+    if rows.empty:
+        return Claim(chapter, paper, f"runs landing: 0 of {planned} seeds", "undecided", planned=planned)
+    test = compare_breakdowns(rows, treatment, baseline, margin=margin, **where)
+    return Claim(chapter, paper, f"broke down: {rate_text(test, (pretty(baseline), pretty(treatment)))}; McNemar",
+                 test=test, margin=f"{margin:.0%} of runs", planned=planned)
 
 
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:

@@ -299,3 +299,35 @@ def plot_breakdown_search(table: pd.DataFrame, threshold: float, chosen: float |
     ax.set_ylabel("final training loss")
     legend_below(ax, ncol=2)
     return ax
+
+
+def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: int, rates: pd.DataFrame,
+                         colors: Mapping[str, tuple]) -> Figure:
+    """A stress comparison run by run (``run_table`` of ``breakdown-uvit``) and as rates. Left: one
+    row per method in ``labels``, one column per planned seed (``seeds``; the pairs an exact
+    McNemar test compares), a dot for a run that trained, a black cross for one that broke down,
+    nothing where the run has not landed. Right: each method's breakdown rate with its exact 95%
+    interval (``rates``, from :func:`scalelong_edu.evidence.breakdown_rates`), ``broke / runs``
+    beside it."""
+    fig, (grid, bars) = plt.subplots(1, 2, figsize=(7.0, 0.5 * len(labels) + 1.4), sharey=True,
+                                     gridspec_kw={"width_ratios": (3, 2)})
+    for y, label in enumerate(labels):
+        mine = table[table.label == label]
+        trained, broke = mine.seed[~mine.broke_down], mine.seed[mine.broke_down]
+        grid.scatter(trained, np.full(len(trained), y), s=34, color=colors[label], zorder=3)
+        grid.scatter(broke, np.full(len(broke), y), marker="x", s=50, lw=2, color="k", zorder=3)
+        if len(mine):
+            r = rates.loc[mine.method.iloc[0]]
+            bars.errorbar(r.rate, y, xerr=[[r.rate - r.lo], [r.hi - r.rate]], fmt="o", color=colors[label], capsize=3)
+            bars.annotate(f"{int(r.broke)}/{int(r.runs)}", (1.0, y), xycoords=("axes fraction", "data"),
+                          xytext=(4, 0), textcoords="offset points", va="center")
+    grid.set_xticks(range(seeds))
+    grid.set_xlim(-0.6, seeds - 0.4)
+    grid.set_yticks(range(len(labels)), [pretty(label) for label in labels])
+    grid.set_ylim(len(labels) - 0.5, -0.5)
+    grid.set_xlabel("seed (× = broke down)")
+    grid.grid(False)
+    bars.set_xlim(0, 1)
+    bars.set_xlabel("breakdown rate")
+    fig.tight_layout()
+    return fig

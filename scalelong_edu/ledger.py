@@ -44,6 +44,11 @@ class Claim:
     Attributes:
         chapter, paper, measured: the chapter, the paper's claim, what we measured (text).
         margin: the margin declared with the claim, as the reader should read it (e.g. ``"5%"``).
+        planned: the pairs (seeds) the claim's experiment was sized for, if its runs are still
+            landing. A test on fewer stays *undecided* whatever it shows: its verdict is read only
+            at the declared size, once (looking at every partial result and stopping at the first
+            significant one would inflate the error rate). The table's last column then says how
+            many of the planned pairs have landed.
     """
 
     chapter: int
@@ -52,16 +57,29 @@ class Claim:
     verdict: str | None = None
     test: PairedTest | RateTest | TrendTest | None = None
     margin: str = ""
+    planned: int = 0
 
     def __post_init__(self):
         if (self.verdict is None) == (self.test is None):
             raise ValueError(f"claim {self.paper!r}: give a test or a verdict, not both or neither")
         if self.test is None and self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.planned and self.test is not None and self.test.n > self.planned:
+            raise ValueError(f"claim {self.paper!r}: its test has {self.test.n} pairs, more than the {self.planned} "
+                             "planned")
+
+    @property
+    def landing(self) -> bool:
+        """Whether the claim's runs are still landing: it has a ``planned`` size, and no test yet
+        or a test on fewer pairs."""
+        return self.planned > 0 and (self.test is None or self.test.n < self.planned)
 
     @property
     def decided(self) -> str:
-        """The verdict: the test's (after :func:`publish`'s correction), else the one given."""
+        """The verdict: the test's (after :func:`publish`'s correction), else the one given;
+        *undecided* while the runs are :attr:`landing`."""
+        if self.landing:
+            return "undecided"
         return self.test.verdict if self.test is not None else self.verdict
 
 
@@ -73,6 +91,8 @@ def _p_text(test: PairedTest | RateTest | TrendTest | None) -> str:
 
 
 def _seeds_text(claim: Claim) -> str:
+    if claim.landing:
+        return f"{claim.planned} planned" + (f", {claim.test.n} landed" if claim.test else "")
     if claim.decided != "undecided" or claim.test is None:
         return ""
     return str(claim.test.seeds_needed)

@@ -331,6 +331,13 @@ class RateTest:
         return _decide(p < ALPHA, claimed, max(self.ci[0][1], self.ci[1][1]) < self.margin)
 
 
+def exact_interval(events: int, runs: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) 95% interval of a rate: ``events`` of ``runs`` (scipy)."""
+    from scipy.stats import binomtest
+
+    return tuple(float(v) for v in binomtest(events, runs).proportion_ci(method="exact"))
+
+
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
                  direction: str = "less") -> RateTest:
     """Compare how often an event (a breakdown) happens, run by run: ``baseline[k]`` and
@@ -348,7 +355,7 @@ def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: fl
     discordant = only_treat + only_base
     p = 1.0 if discordant == 0 else float(binomtest(only_treat, discordant, 0.5).pvalue)
     events = (int(base.sum()), int(treat.sum()))
-    ci = tuple(tuple(float(v) for v in binomtest(k, len(base)).proportion_ci(method="exact")) for k in events)
+    ci = tuple(exact_interval(k, len(base)) for k in events)
     return RateTest(events, len(base), ci, p, float(margin), direction)
 
 

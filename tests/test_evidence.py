@@ -327,6 +327,30 @@ def test_compare_breakdowns_pairs_each_setting_and_seed():
         compare_breakdowns(table.iloc[:-1], "CS")
 
 
+def test_claims_on_landing_runs_use_only_the_finished_pairs_and_stay_undecided_until_all_land():
+    full = _paired_table([(1.0, 0.5), (2.0, 1.1), (4.0, 1.9), (8.0, 4.2)])
+    partial = full.iloc[:-1]  # seed 3 has the baseline's run only
+    claim = evidence.paired_claim(3, "CS lowers the loss", partial, "loss", "CS", planned=4, what="CS/none")
+    assert claim.test == compare(full.iloc[:-2], "loss", "CS") and claim.test.verdict == "reproduced"
+    assert claim.landing and claim.decided == "undecided" and claim.measured.startswith("CS/none 0.5")
+    done = evidence.paired_claim(3, "CS lowers the loss", full, "loss", "CS", planned=4)
+    assert not done.landing and done.decided == "reproduced" and done.margin == "5%"
+    early = evidence.paired_claim(3, "CS lowers the loss", full.iloc[:3], "loss", "CS", planned=4)
+    assert early.test is None and early.landing and early.measured == "runs landing: 1 of 4 seeds"
+    rates = evidence.breakdown_claim(3, "CS breaks down less", _paired_table([(1.0, 0.5)] * 8, broke=range(8)),
+                                     "CS", planned=8)
+    assert rates.decided == "reproduced" and rates.measured.startswith("broke down: none 8/8")
+    assert evidence.breakdown_claim(3, "CS breaks down less", full.iloc[:1], "CS", planned=8).test is None
+
+
+def test_breakdown_rates_count_per_method_with_exact_intervals():
+    rates = evidence.breakdown_rates(_paired_table([(1.0, 0.5)] * 10, broke=range(5)))
+    assert list(rates.index) == ["none", "CS"]
+    assert rates.loc["none", ["broke", "runs"]].tolist() == [5, 10] and rates.loc["CS", "broke"] == 0
+    assert rates.loc["none", "lo"] == pytest.approx(0.187, abs=1e-3) and rates.loc["CS", "hi"] == pytest.approx(
+        0.308, abs=1e-3)  # Clopper-Pearson, 5/10 and 0/10
+
+
 # -- trend, spread_by -------------------------------------------------------------------------------
 def test_spread_by_is_the_ratio_of_geometric_means():
     import pandas as pd

@@ -7,10 +7,11 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from scalelong_edu.evidence import MethodSummary
+from scalelong_edu.evidence import MethodSummary, breakdown_rates
 from scalelong_edu.figures import (
     method_colors,
     plot_against_tail_sum,
+    plot_breakdown_pairs,
     plot_breakdown_search,
     plot_fd_curves,
     plot_intervals,
@@ -251,3 +252,17 @@ def test_plot_breakdown_search_marks_breakdowns_counts_them_and_shades_the_choic
     assert [t.get_text() for t in ax.get_xticklabels()] == ["×16", "×48", "×64"]
     assert legend_texts(ax.get_legend())[-1] == "chosen: ×48"
     assert len(plot_breakdown_search(table, 0.5).patches) == 0  # no rule's choice: nothing shaded
+
+
+def test_plot_breakdown_pairs_puts_each_run_at_its_seed_and_method_and_leaves_missing_runs_empty():
+    table = pd.DataFrame({"label": ["none", "CS", "none", "CS", "none"], "method": ["none", "CS"] * 2 + ["none"],
+                          "seed": [0, 0, 1, 1, 2], "broke_down": [True, False, False, False, True]})
+    colors = dict(zip(["none", "CS", "LS"], ["C0", "C1", "C2"]))
+    fig = plot_breakdown_pairs(table, ["none", "CS", "LS"], 4, breakdown_rates(table), colors)
+    grid, bars = fig.axes
+    dots = {tuple(p) for c in grid.collections[0::2] for p in c.get_offsets()}
+    crosses = {tuple(p) for c in grid.collections[1::2] for p in c.get_offsets()}
+    assert dots == {(1.0, 0.0), (0.0, 1.0), (1.0, 1.0)} and crosses == {(0.0, 0.0), (2.0, 0.0)}
+    assert [t.get_text() for t in grid.get_yticklabels()] == ["none", "CS", "LS"]
+    assert list(grid.get_xticks()) == [0, 1, 2, 3]  # the planned seeds, landed or not
+    assert [t.get_text() for t in bars.texts] == ["2/3", "0/2"]  # LS has no run yet: no rate

@@ -56,6 +56,20 @@ def test_claims_table_puts_the_verdict_first_and_reports_p_and_seeds():
     assert len(claims_table([])) == 0
 
 
+def test_a_claim_whose_runs_are_still_landing_stays_undecided_and_says_how_many_landed():
+    landing = Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, planned=16)
+    assert CLEAR.verdict == "reproduced" and landing.landing and landing.decided == "undecided"
+    done = Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, planned=CLEAR.n)
+    assert not done.landing and done.decided == "reproduced"
+    table = claims_table(ledger.decide([landing, done]))
+    assert table["seeds to decide"].tolist() == [f"16 planned, {CLEAR.n} landed", ""]
+    assert table.verdict.tolist() == ["undecided", "reproduced"]
+    waiting = Claim(3, "CS damps feature oscillation", "runs landing: 1 of 12 seeds", "undecided", planned=12)
+    assert waiting.landing and claims_table([waiting])["seeds to decide"][0] == "12 planned"
+    with pytest.raises(ValueError, match="more than the 2 planned"):
+        Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, planned=2)
+
+
 def test_publish_decides_a_chapters_claims_as_one_holm_family():
     marginal = paired_test([1.0, 2.0, 3.0, 4.0, 5.0], [0.8, 1.9, 2.5, 3.9, 4.6], margin=0.1)
     assert 0.01 < marginal.p < 0.05 and marginal.verdict == "reproduced"  # alone, it passes
