@@ -783,6 +783,24 @@ def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tu
     return text, test
 
 
+def speedup_claim(chapter: int, paper: str, result: ExperimentResult, label: str, planned: int, *,
+                  quantity: str = "fcd", baseline: str = "none", margin: float = 0.05) -> Claim:
+    """The claims-table line of "``label`` trains faster than ``baseline``" (:func:`speedup` of
+    ``quantity``, :func:`speedup_verdict`) on the seeds both arms have finished out of the
+    ``planned`` ones: *undecided* until all have landed, and without a test while fewer than two
+    have. The target still reads every finished baseline run (:func:`speed_target`)."""
+    from .ledger import Claim
+
+    speed = speedup(result, quantity, baseline)
+    arms = speed[speed.label.isin([baseline, label])]
+    rows = arms[arms.seed.map(arms.groupby("seed").label.nunique()) == 2]
+    n = rows.seed.nunique()
+    if n < 2:
+        return Claim(chapter, paper, f"runs landing: {n} of {planned} seeds", "undecided", planned=planned)
+    text, test = speedup_verdict(rows, label, margin)
+    return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned)
+
+
 def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     """Fit the CS profile ``kappa_i = a * kappa ** (i - 1)`` (paper Eq. 8, with a free level ``a``)
     to effective coefficients ``kappa_1 .. kappa_N`` by least squares on ``log kappa_i``.
@@ -810,3 +828,20 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text", "robustness_table",
            "run_table", "select", "speed_curves", "speed_target", "speedup", "speedup_verdict", "spread_by",
            "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]
+
+
+def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFrame:
+    """Per run of the learnable methods ``labels`` (e.g. ``"LS"``): :func:`geometric_fit` of its
+    effective coefficients ``kappa_1 .. kappa_N`` at the last probe, the CS rate that would give
+    the same decay from skip to skip. Columns ``label, seed, kappa, level, r2``."""
+    import pandas as pd
+
+    probes = result.probes()
+    gates = probes[(probes.probe == "features") & (probes.quantity == "kappa") & probes.label.isin(labels)]
+    if gates.empty:
+        raise ValueError(f"no learned coefficients of {list(labels)} in this result; its methods are "
+                         f"{list(dict.fromkeys(probes.label))}")
+    last = gates[gates.step == gates.step.max()]
+    rows = [dict(zip(("kappa", "level", "r2"), geometric_fit(run.sort_values("skip").value.tolist())),
+                 label=label, seed=seed) for (label, seed), run in last.groupby(["label", "seed"], sort=False)]
+    return pd.DataFrame(rows)[["label", "seed", "kappa", "level", "r2"]]

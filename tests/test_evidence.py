@@ -568,6 +568,17 @@ def test_speedup_counts_the_steps_to_a_declared_target_paired_by_seed():
     assert (ema.target == 11).all() and not ema.loc[("none", 1), "reached"]
 
 
+def test_speedup_claim_pairs_only_seeds_both_arms_finished():
+    curves = {("none", 0): [40, 30, 20, 10], ("none", 1): [40, 34, 20, 12], ("none", 2): [40, 30, 20, 10],
+              ("CS", 0): [30, 10, 8, 6], ("CS", 1): [40, 20, 12, 11]}  # CS seed 2 has not landed
+    claim = evidence.speedup_claim(6, "CS trains faster", fd_result(curves), "CS", planned=3)
+    assert claim.test.n == 2 and claim.landing and claim.decided == "undecided"
+    assert claim.measured.startswith("speed-up ") and claim.measured.endswith("n = 2")
+    one = {k: v for k, v in curves.items() if k[1] == 0 or k[0] == "none"}
+    early = evidence.speedup_claim(6, "CS trains faster", fd_result(one), "CS", planned=3)
+    assert early.test is None and early.measured == "runs landing: 1 of 3 seeds"
+
+
 def test_speedup_recovers_a_known_speedup_and_finds_none_where_there_is_none():
     """Simulated training curves with a known answer: each seed's baseline decays on its own time
     scale (seeds differ), the method's curve is the same seed's decay ``k`` times faster, and every
@@ -605,6 +616,18 @@ def test_fd_curves_need_an_experiment_that_measured_them():
         evidence.fd_curves(ExperimentResult({}, {}, [{"label": "none", "run": {"seed": 0}}]))
     with pytest.raises(ValueError, match="no runs labelled 'base'"):
         evidence.speedup(fd_result({("none", 0): [3, 2, 1, 0.5]}), baseline="base")
+
+
+def test_fitted_kappas_fit_each_learned_runs_last_gates():
+    runs = [record("LS", seed, feature_rows(0, [1.0] * 3, [1.0] * 3, kappa=[1.0] * 3)
+                   + feature_rows(8, [1.0] * 3, [1.0] * 3, kappa=[0.8 * k**i for i in range(3)]))
+            for seed, k in ((0, 0.5), (1, 0.7))]
+    runs.append(record("none", 0, feature_rows(8, [1.0] * 3, [1.0] * 3, kappa=[1.0] * 3)))
+    fits = evidence.fitted_kappas(result(runs, 8), ["LS"])
+    assert fits.label.tolist() == ["LS", "LS"] and fits.seed.tolist() == [0, 1]
+    assert fits.kappa.tolist() == pytest.approx([0.5, 0.7]) and fits.level.tolist() == pytest.approx([0.8, 0.8])
+    with pytest.raises(ValueError, match="no learned coefficients of \\['LS per skip'\\]"):
+        evidence.fitted_kappas(result(runs, 8), ["LS per skip"])
 
 
 def test_geometric_fit_recovers_cs_and_measures_departures():
