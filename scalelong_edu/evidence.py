@@ -260,6 +260,8 @@ def complete_seeds(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of :func:`run_table` whose seed every method of the table has finished: what a
     paired test can use while an experiment's runs are still landing (a partial result's last seed
     may have only some methods)."""
+    if table.empty:
+        return table
     methods = table.groupby("seed").method.nunique()
     return table[table.seed.map(methods) == table.method.nunique()]
 
@@ -353,9 +355,26 @@ def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "non
     return paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin, direction)
 
 
+def landed(name: str, profile: str | None = None) -> pd.DataFrame:
+    """:func:`run_table` of the runs of experiment ``name`` finished so far
+    (:func:`scalelong_edu.experiments.finished_so_far`), empty while none has: for the claims of an
+    experiment whose runs have not started landing. Trains nothing."""
+    import pandas as pd
+
+    from .experiments import finished_so_far
+
+    try:
+        return run_table(finished_so_far(name, profile))
+    except FileNotFoundError:
+        return pd.DataFrame()
+
+
 def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dict) -> pd.DataFrame:
-    """The rows of the two arms at ``where`` whose seed both arms have finished."""
+    """The rows of the two arms at ``where`` whose seed both arms have finished (none of an empty
+    table, e.g. :func:`landed` before any run has)."""
     rows = select(table, **where)
+    if rows.empty:
+        return rows.assign(seed=[])
     rows = rows[rows.method.isin([baseline, treatment])]
     return rows[rows.seed.map(rows.groupby("seed").method.nunique()) == 2]
 
@@ -379,6 +398,35 @@ def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, tre
                  planned=planned)
 
 
+def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, baseline: str,
+                      planned: int, *, by: str = "N", levels: tuple[object, object] = (2, 8), margin: float = 0.05,
+                      direction: str = "less", what: str = "") -> Claim:
+    """The claims-table line of a method x setting interaction: "``treatment``'s ratio over
+    ``baseline`` on ``column`` is lower (``direction="less"``) at ``by = levels[1]`` than at
+    ``levels[0]``", e.g. CS gains on 1/sqrt(2)-CS as the depth ``N`` grows (reviewer Q3). Per seed,
+    the log ratio treatment / baseline at each level; the two levels' log ratios are compared paired
+    by seed (:func:`scalelong_edu.stats.paired_test`, margin ``log(1 + margin)``), on the seeds whose
+    four runs have finished out of the ``planned`` ones, *undecided* until all have landed."""
+    import numpy as np
+
+    from .ledger import Claim
+
+    ratios = []
+    for level in levels:
+        rows = _paired_seeds(table, treatment, baseline, {by: level})
+        if len(rows) and rows.broke_down.any():
+            raise ValueError(f"a run at {by} = {level} broke down: an outcome; test it with compare_breakdowns")
+        arms = rows.pivot_table(index="seed", columns="method", values=column) if len(rows) else None
+        ratios.append(None if arms is None else np.log(arms[treatment] / arms[baseline]))
+    seeds = [] if any(r is None for r in ratios) else sorted(set(ratios[0].index) & set(ratios[1].index))
+    if len(seeds) < 2:
+        return Claim(chapter, paper, f"runs landing: {len(seeds)} of {planned} seeds", "undecided", planned=planned)
+    test = paired_test(ratios[0].loc[seeds].to_numpy(), ratios[1].loc[seeds].to_numpy(), math.log1p(margin),
+                       direction)
+    text = ratio_text(test, f"{what} at {by} = {levels[1]} over {by} = {levels[0]}".strip())
+    return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned)
+
+
 def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: str, planned: int, *,
                     baseline: str = "none", margin: float = 0.25, **where: object) -> Claim:
     """The claims-table line of "``treatment`` breaks down less often than ``baseline``"
@@ -396,8 +444,12 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
 
 
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
-    """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``."""
+    """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``
+    (none of an empty table, e.g. :func:`landed` before any run has finished)."""
     import numpy as np
+
+    if table.empty:
+        return table
 
     mask = np.ones(len(table), dtype=bool)
     for column, value in where.items():
@@ -563,7 +615,9 @@ def spread_by(frame: pd.DataFrame, column: str, factors: Sequence[str]) -> dict[
 def trend(table: pd.DataFrame, x: str, y: str, margin: float = 0.3, direction: str = "greater") -> TrendTest | None:
     """:func:`scalelong_edu.stats.trend_test` of column ``y`` against column ``x`` over the runs of a
     run table (one row a run) that have both values; ``None`` when fewer than 4 do (runs too short
-    to measure ``y``, as at the ``ci`` profile)."""
+    to measure ``y``, as at the ``ci`` profile, or an empty table)."""
+    if table.empty:
+        return None
     ok = table[table[x].notna() & table[y].notna()]
     return trend_test(ok[x], ok[y], margin, direction) if len(ok) >= 4 else None
 

@@ -341,6 +341,37 @@ def test_claims_on_landing_runs_use_only_the_finished_pairs_and_stay_undecided_u
                                      "CS", planned=8)
     assert rates.decided == "reproduced" and rates.measured.startswith("broke down: none 8/8")
     assert evidence.breakdown_claim(3, "CS breaks down less", full.iloc[:1], "CS", planned=8).test is None
+    nothing = evidence.paired_claim(3, "CS lowers the loss", pd.DataFrame(), "loss", "CS", planned=4, N=8)
+    assert nothing.landing and nothing.measured == "runs landing: 0 of 4 seeds"
+
+
+def test_interaction_claim_compares_a_methods_ratio_between_two_settings_seed_by_seed():
+    import pandas as pd
+
+    rows = []
+    for seed, (shallow, deep) in enumerate([(1.0, 0.8), (1.1, 0.85), (0.95, 0.8), (1.0, 0.9)]):
+        for n, ratio in ((2, shallow), (8, deep)):
+            base = 1.0 + seed  # seeds differ; the ratio is what the test sees
+            rows += [{"method": "sqrt2", "N": n, "seed": seed, "loss": base, "broke_down": False},
+                     {"method": "CS", "N": n, "seed": seed, "loss": base * ratio, "broke_down": False}]
+    table = pd.DataFrame(rows)
+    claim = evidence.interaction_claim(8, "CS gains with depth", table, "loss", "CS", "sqrt2", planned=4)
+    expected = paired_test([math.log(r) for r in (1.0, 1.1, 0.95, 1.0)], [math.log(r) for r in (0.8, 0.85, 0.8, 0.9)],
+                           math.log1p(0.05))
+    assert (claim.test.estimate, claim.test.p) == pytest.approx((expected.estimate, expected.p))
+    assert claim.test.n == 4 and claim.decided == "reproduced" and "at N = 8 over N = 2" in claim.measured
+    landing = evidence.interaction_claim(8, "CS gains", table[table.seed < 3], "loss", "CS", "sqrt2", planned=4)
+    assert landing.landing and landing.decided == "undecided" and landing.test.n == 3
+    none = evidence.interaction_claim(8, "CS gains", table[table.N == 2], "loss", "CS", "sqrt2", planned=4)
+    assert none.test is None and none.measured == "runs landing: 0 of 4 seeds"
+    assert evidence.interaction_claim(8, "CS gains", pd.DataFrame(), "loss", "CS", "sqrt2", planned=4).test is None
+    with pytest.raises(ValueError, match="broke down"):
+        evidence.interaction_claim(8, "CS gains", table.assign(broke_down=True), "loss", "CS", "sqrt2", planned=4)
+
+
+def test_landed_is_empty_before_any_run_of_an_experiment_has_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
+    assert evidence.landed("long-uvit", "ci").empty
 
 
 def test_breakdown_rates_count_per_method_with_exact_intervals():
