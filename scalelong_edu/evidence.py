@@ -379,6 +379,13 @@ def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dic
     return rows[rows.seed.map(rows.groupby("seed").method.nunique()) == 2]
 
 
+def _landing(chapter: int, paper: str, landed: int, planned: int) -> Claim:
+    """The claims-table line of a claim with too few finished pairs to test: undecided, saying so."""
+    from .ledger import Claim
+
+    return Claim(chapter, paper, f"runs landing: {landed} of {planned} seeds", "undecided", planned=planned)
+
+
 def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, planned: int, *,
                  baseline: str = "none", margin: float = 0.05, direction: str = "less", log: bool = True,
                  what: str = "", **where: object) -> Claim:
@@ -392,7 +399,7 @@ def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, tre
     rows = _paired_seeds(table, treatment, baseline, where)
     n = rows.seed.nunique()
     if n < 2:
-        return Claim(chapter, paper, f"runs landing: {n} of {planned} seeds", "undecided", planned=planned)
+        return _landing(chapter, paper, n, planned)
     test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, **where)
     return Claim(chapter, paper, ratio_text(test, what), test=test, margin=f"{margin:.0%}" if log else f"{margin:g}",
                  planned=planned)
@@ -420,7 +427,7 @@ def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str
         ratios.append(None if arms is None else np.log(arms[treatment] / arms[baseline]))
     seeds = [] if any(r is None for r in ratios) else sorted(set(ratios[0].index) & set(ratios[1].index))
     if len(seeds) < 2:
-        return Claim(chapter, paper, f"runs landing: {len(seeds)} of {planned} seeds", "undecided", planned=planned)
+        return _landing(chapter, paper, len(seeds), planned)
     test = paired_test(ratios[0].loc[seeds].to_numpy(), ratios[1].loc[seeds].to_numpy(), math.log1p(margin),
                        direction)
     text = ratio_text(test, f"{what} at {by} = {levels[1]} over {by} = {levels[0]}".strip())
@@ -437,7 +444,7 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
 
     rows = _paired_seeds(table, treatment, baseline, where)
     if rows.empty:
-        return Claim(chapter, paper, f"runs landing: 0 of {planned} seeds", "undecided", planned=planned)
+        return _landing(chapter, paper, 0, planned)
     test = compare_breakdowns(rows, treatment, baseline, margin=margin, **where)
     return Claim(chapter, paper, f"broke down: {rate_text(test, (pretty(baseline), pretty(treatment)))}; McNemar",
                  test=test, margin=f"{margin:.0%} of runs", planned=planned)
@@ -850,7 +857,7 @@ def speedup_claim(chapter: int, paper: str, result: ExperimentResult, label: str
     rows = arms[arms.seed.map(arms.groupby("seed").label.nunique()) == 2]
     n = rows.seed.nunique()
     if n < 2:
-        return Claim(chapter, paper, f"runs landing: {n} of {planned} seeds", "undecided", planned=planned)
+        return _landing(chapter, paper, n, planned)
     text, test = speedup_verdict(rows, label, margin)
     return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned)
 
@@ -876,14 +883,6 @@ def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:
     return math.exp(slope), math.exp(level), float(r2)
 
 
-__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
-           "adam_table", "breakdown_scale", "by_method", "compare", "compare_breakdowns", "complete_seeds",
-           "confident_samples", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
-           "geometric_fit", "gradient_constants", "output_constants", "rate_text", "ratio_text", "robustness_table",
-           "run_table", "select", "speed_curves", "speed_target", "speedup", "speedup_verdict", "spread_by",
-           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trend", "trajectory", "xt_norm_ratio"]
-
-
 def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFrame:
     """Per run of the learnable methods ``labels`` (e.g. ``"LS"``): :func:`geometric_fit` of its
     effective coefficients ``kappa_1 .. kappa_N`` at the last probe, the CS rate that would give
@@ -899,3 +898,14 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
     rows = [dict(zip(("kappa", "level", "r2"), geometric_fit(run.sort_values("skip").value.tolist())),
                  label=label, seed=seed) for (label, seed), run in last.groupby(["label", "seed"], sort=False)]
     return pd.DataFrame(rows)[["label", "seed", "kappa", "level", "r2"]]
+
+
+__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
+           "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
+           "compare_breakdowns", "complete_seeds", "confident_samples", "fd_curves", "feature_constants",
+           "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
+           "interaction_claim", "landed", "output_constants", "paired_claim", "rate_text", "ratio_text",
+           "robustness_table", "run_table", "select", "speed_curves", "speed_target", "speedup", "speedup_claim",
+           "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
+           "trajectory", "trend", "xt_norm_ratio"]
+
