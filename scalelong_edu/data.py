@@ -471,3 +471,21 @@ def load_dataset(
     else:
         images, labels = loader(name, split, size, Path(root) if root is not None else data_root(), download)
     return ImageDataset(name, split, images, labels)
+
+
+CIFAR10_ENERGIES = Path(__file__).resolve().parents[1] / "data" / "cifar10-test-energies.csv"
+"""The committed per-image energies of CIFAR-10's first test images (provenance: data/README.md)."""
+
+
+def cifar10_test_energies(path: Path = CIFAR10_ENERGIES) -> torch.Tensor:
+    """``s = ||x_0||^2 / m`` in [-1, 1], float64 (1017,), of the first 1,017 images of CIFAR-10's
+    official test batch, in its order: the pixel statistics that paper Fig. 3(b) needs
+    (:func:`scalelong_edu.noise_ratio.sample_ratios_from_energies`), without the images. They ship
+    with the repository, read from a public partial copy of the test batch (``data/README.md``)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} is missing: it ships with the book's repository (data/); run from a clone, "
+                                "or with internet load the full test set with load_dataset('cifar10', 'test')")
+    import numpy as np
+
+    table = np.loadtxt(path, delimiter=",", skiprows=1)
+    return torch.from_numpy(table[:, 2].astype(np.float64))

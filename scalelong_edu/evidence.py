@@ -826,7 +826,8 @@ def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tu
     text and the paired test of the log steps each seed needed to reach the target (method against
     baseline, margin ``log(1 + margin)``). A run that never gets there is counted at the run's
     length, a lower bound on the steps it would need: the test is then ``censored`` (it can still
-    find the method faster or slower, but never call the difference absent)."""
+    find the method faster or slower, but never call the difference absent). A run already at the
+    target at a step-0 probe counts as needing one step (a log needs a positive count)."""
     import numpy as np
 
     rows = speed[speed.label == label]
@@ -834,6 +835,7 @@ def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tu
         raise KeyError(f"no runs labelled {label!r}; labels: {list(dict.fromkeys(speed.label))}")
     bound = rows["last"]
     base, steps = rows.base_steps.fillna(bound), rows.steps.where(rows.reached, bound)
+    base, steps = base.clip(lower=1), steps.clip(lower=1)  # there at the step-0 probe: no step needed
     unreached = int((~rows.reached | rows.base_steps.isna()).sum())
     test = replace(paired_test(np.log(base), np.log(steps), math.log1p(margin), "less"), censored=unreached)
     lo, hi = (math.exp(-v) for v in test.ci[::-1])

@@ -48,7 +48,8 @@ from .diffusion import DiscreteSchedule
 from .theory import check_number
 
 __all__ = ["RatioDraws", "RatioSummary", "noise_ratio", "x0_sq_ratios", "to_unit_range", "sample_noise_ratios",
-           "ratio_of_means", "summarize_ratios", "predicted_ratio", "predicted_ratios", "compare_variants"]
+           "sample_ratios_from_energies", "ratio_of_means", "summarize_ratios", "image_bootstrap", "predicted_ratio",
+           "predicted_ratios", "compare_variants"]
 
 DEFAULT_QUANTILES = (0.5, 0.9, 0.97, 0.99)
 """Quantiles :func:`summarize_ratios` reports; 0.97 is the paper's "more than 97% below 5"."""
@@ -213,6 +214,45 @@ def sample_noise_ratios(images: Tensor, schedule: DiscreteSchedule, draws: int =
     return RatioDraws(t=t, image_index=index, eps_sq=eps_sq, xt_sq=xt_sq)
 
 
+def sample_ratios_from_energies(x0_sq_ratio: Tensor | Sequence[float], m: int, schedule: DiscreteSchedule,
+                                draws: int = 1, t_min: int = 1, seed: int = 0) -> RatioDraws:
+    """:func:`sample_noise_ratios` for images known only by their energies ``s = ||x_0||^2 / m``,
+    in the same distribution, exactly.
+
+    ``eps ~ N(0, I_m)`` is isotropic, so only two numbers of it enter the ratio: its component
+    ``z = <eps, x_0> / ||x_0||`` along the image, ``N(0, 1)``, and ``q``, the squared norm of the rest,
+    ``chi^2_{m-1}`` and independent of ``z``. Then ``||eps||^2 = z^2 + q`` and
+
+        ||x_t||^2 = abar ||x_0||^2 + 2 sqrt(abar (1 - abar)) ||x_0|| z + (1 - abar) (z^2 + q),
+
+    so a data set's ratios follow from its per-image ``s`` and ``m`` (e.g. CIFAR-10's, from
+    :func:`scalelong_edu.data.cifar10_test_energies`). ``t`` is uniform over ``t_min .. T``; the
+    draws come from NumPy's generator seeded with ``seed`` (draw ``k`` of image ``i`` is entry
+    ``k * N + i``), not from torch's, so they do not reproduce :func:`sample_noise_ratios` draw for draw.
+
+    Args:
+        x0_sq_ratio: ``s`` per image (N,), finite and >= 0.
+        m: pixels per image (``C * H * W``), >= 2.
+    """
+    s = torch.as_tensor(x0_sq_ratio, dtype=torch.float64).reshape(-1)
+    if s.numel() == 0 or not (torch.isfinite(s) & (s >= 0)).all():
+        raise ValueError("x0_sq_ratio must be a non-empty sequence of finite energies >= 0")
+    m = _check_int(m, "m", 2)
+    schedule = _check_schedule(schedule)
+    draws = _check_int(draws, "draws", 1)
+    t_min = _check_int(t_min, "t_min", 1, schedule.T)
+    rng = np.random.default_rng(seed)
+    n = s.numel() * draws
+    index = torch.arange(n) % s.numel()
+    t = torch.from_numpy(rng.integers(t_min, schedule.T + 1, n))
+    a = schedule.alpha_bars.to(torch.float64)[t - 1]
+    z, q = torch.from_numpy(rng.standard_normal(n)), torch.from_numpy(rng.chisquare(m - 1, n))
+    energy = s[index] * m
+    eps_sq = z.square() + q
+    xt_sq = a * energy + 2 * (a * (1 - a) * energy).sqrt() * z + (1 - a) * eps_sq
+    return RatioDraws(t=t, image_index=index, eps_sq=eps_sq / m, xt_sq=xt_sq / m)
+
+
 def ratio_of_means(draws: RatioDraws) -> float:
     """``E||eps||^2 / E||x_t||^2`` over the draws: the other "mean" of the ratio, ``<=`` its mean when the
     large-``m`` limit (*) holds (the harmonic-type average weights the noisy, ``r ~ 1`` steps more)."""
@@ -247,6 +287,29 @@ def summarize_ratios(ratios: Tensor | Sequence[float], threshold: float = 5.0,
         threshold=threshold,
         frac_below=float((values < threshold).mean()),
     )
+
+
+def image_bootstrap(draws: RatioDraws, threshold: float = 5.0, n_boot: int = 2000,
+                    seed: int = 0) -> dict[str, tuple[float, float]]:
+    """95% percentile intervals of :func:`ratio_of_means` and of the share of ratios below
+    ``threshold``, resampling the *images* with replacement (``n_boot`` times, NumPy seeded with
+    ``seed``): a data set's statistics carry the sampling error of its images, which more draws per
+    image do not shrink. Every image must have the same number of draws (as the samplers give).
+
+    Returns:
+        ``{"ratio_of_means": (lo, hi), "frac_below": (lo, hi)}``.
+    """
+    index = draws.image_index.numpy()
+    n_images = int(index.max()) + 1
+    counts = np.bincount(index, minlength=n_images)
+    if (counts != counts[0]).any():
+        raise ValueError("every image needs the same number of draws")
+    per_image = [np.bincount(index, weights=w, minlength=n_images)
+                 for w in (draws.eps_sq.numpy(), draws.xt_sq.numpy(), (draws.ratio < threshold).double().numpy())]
+    weights = np.random.default_rng(seed).multinomial(n_images, np.full(n_images, 1 / n_images), size=n_boot)
+    eps, xt, below = (weights @ v for v in per_image)
+    stats = {"ratio_of_means": eps / xt, "frac_below": below / (weights.sum(1) * counts[0])}
+    return {k: (float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))) for k, v in stats.items()}
 
 
 def _quantile(values: np.ndarray, q: float) -> float:

@@ -387,3 +387,26 @@ def test_list_datasets():
     assert {i.name: i.image_size for i in infos}["celeba64"] == 64
     with pytest.raises(dataclasses.FrozenInstanceError):
         infos[0].image_size = 8
+
+
+def test_the_committed_cifar10_energies_are_the_test_batchs_first_images(tmp_path):
+    """The first 1,017 CIFAR-10 test images' s = ||x_0||^2 / m in [-1, 1]: a ratio of a sum of squares
+    of pixels in [-1, 1], so in [0, 1]; the mean measured when the file was made (data/README.md),
+    and the labels of the test batch's first images (cat, ship, ship, airplane, frog)."""
+    s = data.cifar10_test_energies()
+    assert s.shape == (1017,) and s.dtype == torch.float64 and ((s >= 0) & (s <= 1)).all()
+    assert float(s.mean()) == pytest.approx(0.25437, abs=1e-5)
+    labels = np.loadtxt(data.CIFAR10_ENERGIES, delimiter=",", skiprows=1)[:5, 1]
+    assert labels.tolist() == [3, 8, 8, 0, 6]
+    with pytest.raises(FileNotFoundError, match="ships with the book's repository"):
+        data.cifar10_test_energies(tmp_path / "missing.csv")
+
+
+def test_the_cifar10_energies_match_the_full_test_set_when_it_is_here():
+    try:
+        images, _ = load_dataset("cifar10", "test").tensors()
+    except RuntimeError:
+        pytest.skip("CIFAR-10 is not on this machine (no internet): the committed energies stand in for it")
+    from scalelong_edu.noise_ratio import x0_sq_ratios
+
+    torch.testing.assert_close(x0_sq_ratios(images[:1017]), data.cifar10_test_energies(), rtol=0, atol=1e-6)

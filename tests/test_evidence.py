@@ -701,6 +701,10 @@ def test_speedup_verdict_pairs_the_steps_and_reports_unreached_seeds():
     assert tight.verdict == "undecided"  # inside the margin, but a bound cannot show a difference is absent
     with pytest.raises(KeyError, match="no runs labelled 'LS'"):
         evidence.speedup_verdict(speed, "LS")
+    at_start = pd.concat([table("start", [1.0, 2.0, 1.0])]).assign(base_steps=[0.0, 100.0, 100.0],
+                                                                   steps=[0.0, 50.0, 100.0])
+    text, test = evidence.speedup_verdict(at_start, "start")  # seed 0 is there at the step-0 probe
+    assert math.isfinite(test.estimate) and test.n == 3
 
 
 def test_ratio_and_rate_texts_read_the_tests_back():

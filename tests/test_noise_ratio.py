@@ -9,8 +9,8 @@ import torch
 
 from scalelong_edu.diffusion import DiscreteSchedule, VPSDE, linear_schedule
 from scalelong_edu.noise_ratio import (RatioDraws, compare_variants, noise_ratio, predicted_ratio, predicted_ratios,
-                                       ratio_of_means, sample_noise_ratios, summarize_ratios, to_unit_range,
-                                       x0_sq_ratios)
+                                       image_bootstrap, ratio_of_means, sample_noise_ratios, sample_ratios_from_energies,
+                                       summarize_ratios, to_unit_range, x0_sq_ratios)
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -244,6 +244,51 @@ def test_monte_carlo_agrees_with_the_large_m_prediction():
     assert ratio_of_means(draws) == pytest.approx(1 / float((1 / pred).mean()), rel=0.01)
     # Jensen: the mean of the ratio exceeds the ratio of means
     assert float(draws.ratio.mean()) > ratio_of_means(draws) + 0.3
+
+
+def test_ratios_from_energies_follow_the_same_distribution_as_ratios_from_images():
+    """At m = 16 the large-m limit is far off, so only the exact decomposition of eps along x_0 and
+    across it matches the ratios drawn from the images themselves; the same test tells the
+    large-m prediction apart (it has power)."""
+    from scipy.stats import ks_2samp
+
+    images = torch.rand(400, 1, 4, 4, generator=_gen(2), dtype=torch.float64) * 2 - 1
+    images[:100] *= 0.2  # a quarter of low-energy images: a long tail at small t
+    sched = linear_schedule(T=100)
+    direct = sample_noise_ratios(images, sched, draws=25, generator=_gen(3))
+    s = x0_sq_ratios(images)
+    from_s = sample_ratios_from_energies(s, 16, sched, draws=25, seed=4)
+    assert ks_2samp(direct.ratio.numpy(), from_s.ratio.numpy()).pvalue > 0.001
+    assert ratio_of_means(from_s) == pytest.approx(ratio_of_means(direct), rel=0.02)
+    large_m = predicted_ratio(sched.alpha_bars[from_s.t - 1], s[from_s.image_index])
+    assert ks_2samp(direct.ratio.numpy(), large_m.numpy()).pvalue < 1e-6
+    assert torch.equal(from_s.image_index[:5], torch.arange(5)) and len(from_s.t) == 400 * 25
+    zero = sample_ratios_from_energies([0.0] * 8, 16, sched, seed=0)
+    torch.testing.assert_close(zero.ratio, 1 / (1 - sched.alpha_bars[zero.t - 1].double()), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="finite energies"):
+        sample_ratios_from_energies([0.1, -1.0], 16, sched)
+    with pytest.raises(ValueError, match="m must be"):
+        sample_ratios_from_energies([0.1], 1, sched)
+
+
+def test_image_bootstrap_brackets_the_estimate_and_narrows_with_more_images():
+    sched = linear_schedule(T=100)
+    rng = np.random.default_rng(0)
+    widths = {}
+    for n in (200, 800):  # energies of a mixed data set: dark images carry the tail above 5
+        s = np.where(rng.random(n) < 0.2, 0.05, 0.5)
+        draws = sample_ratios_from_energies(s, 64, sched, draws=50, seed=1)
+        intervals = image_bootstrap(draws, n_boot=1000)
+        lo, hi = intervals["frac_below"]
+        assert lo < float((draws.ratio < 5).double().mean()) < hi
+        lo_r, hi_r = intervals["ratio_of_means"]
+        assert lo_r < ratio_of_means(draws) < hi_r
+        widths[n] = hi - lo
+    assert 1.4 < widths[200] / widths[800] < 2.8  # about sqrt(4): the images, not the draws, set it
+    uneven = sample_ratios_from_energies([0.1, 0.2], 64, sched, draws=3)
+    uneven = RatioDraws(uneven.t[:-1], uneven.image_index[:-1], uneven.eps_sq[:-1], uneven.xt_sq[:-1])
+    with pytest.raises(ValueError, match="same number of draws"):
+        image_bootstrap(uneven)
 
 
 def test_predicted_ratios_average_exactly_over_t_and_images():
