@@ -369,21 +369,23 @@ def landed(name: str, profile: str | None = None) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dict) -> pd.DataFrame:
-    """The rows of the two arms at ``where`` whose seed both arms have finished (none of an empty
-    table, e.g. :func:`landed` before any run has)."""
+def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dict, arm: str = "method"
+                  ) -> pd.DataFrame:
+    """The rows of the two arms (column ``arm``) at ``where`` whose seed both arms have finished
+    (none of an empty table, e.g. :func:`landed` before any run has)."""
     rows = select(table, **where)
     if rows.empty:
         return rows.assign(seed=[])
-    rows = rows[rows.method.isin([baseline, treatment])]
-    return rows[rows.seed.map(rows.groupby("seed").method.nunique()) == 2]
+    rows = rows[rows[arm].isin([baseline, treatment])]
+    return rows[rows.seed.map(rows.groupby("seed")[arm].nunique()) == 2]
 
 
-def _landing(chapter: int, paper: str, landed: int, planned: int) -> Claim:
-    """The claims-table line of a claim with too few finished pairs to test: undecided, saying so."""
+def landing_claim(chapter: int, paper: str, landed: int, planned: int, unit: str = "seeds") -> Claim:
+    """The claims-table line of a claim with too few finished pairs to test yet: undecided, saying
+    how many of the ``planned`` ``unit`` have landed."""
     from .ledger import Claim
 
-    return Claim(chapter, paper, f"runs landing: {landed} of {planned} seeds", "undecided", planned=planned)
+    return Claim(chapter, paper, f"runs landing: {landed} of {planned} {unit}", "undecided", planned=planned)
 
 
 def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, planned: int, *,
@@ -399,7 +401,7 @@ def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, tre
     rows = _paired_seeds(table, treatment, baseline, where)
     n = rows.seed.nunique()
     if n < 2:
-        return _landing(chapter, paper, n, planned)
+        return landing_claim(chapter, paper, n, planned)
     test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, **where)
     return Claim(chapter, paper, ratio_text(test, what), test=test, margin=f"{margin:.0%}" if log else f"{margin:g}",
                  planned=planned)
@@ -418,16 +420,18 @@ def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str
 
     from .ledger import Claim
 
+    if table.empty:
+        return landing_claim(chapter, paper, 0, planned)
     ratios = []
     for level in levels:
         rows = _paired_seeds(table, treatment, baseline, {by: level})
-        if len(rows) and rows.broke_down.any():
+        if rows.broke_down.any():
             raise ValueError(f"a run at {by} = {level} broke down: an outcome; test it with compare_breakdowns")
-        arms = rows.pivot_table(index="seed", columns="method", values=column) if len(rows) else None
-        ratios.append(None if arms is None else np.log(arms[treatment] / arms[baseline]))
-    seeds = [] if any(r is None for r in ratios) else sorted(set(ratios[0].index) & set(ratios[1].index))
+        logs = {m: np.log(rows[rows.method == m].set_index("seed")[column]) for m in (treatment, baseline)}
+        ratios.append(logs[treatment] - logs[baseline])
+    seeds = sorted(set(ratios[0].index) & set(ratios[1].index))
     if len(seeds) < 2:
-        return _landing(chapter, paper, len(seeds), planned)
+        return landing_claim(chapter, paper, len(seeds), planned)
     test = paired_test(ratios[0].loc[seeds].to_numpy(), ratios[1].loc[seeds].to_numpy(), math.log1p(margin),
                        direction)
     text = ratio_text(test, f"{what} at {by} = {levels[1]} over {by} = {levels[0]}".strip())
@@ -444,7 +448,7 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
 
     rows = _paired_seeds(table, treatment, baseline, where)
     if rows.empty:
-        return _landing(chapter, paper, 0, planned)
+        return landing_claim(chapter, paper, 0, planned)
     test = compare_breakdowns(rows, treatment, baseline, margin=margin, **where)
     return Claim(chapter, paper, f"broke down: {rate_text(test, (pretty(baseline), pretty(treatment)))}; McNemar",
                  test=test, margin=f"{margin:.0%} of runs", planned=planned)
@@ -854,12 +858,10 @@ def speedup_claim(chapter: int, paper: str, result: ExperimentResult, label: str
     have. The target still reads every finished baseline run (:func:`speed_target`)."""
     from .ledger import Claim
 
-    speed = speedup(result, quantity, baseline)
-    arms = speed[speed.label.isin([baseline, label])]
-    rows = arms[arms.seed.map(arms.groupby("seed").label.nunique()) == 2]
+    rows = _paired_seeds(speedup(result, quantity, baseline), label, baseline, {}, arm="label")
     n = rows.seed.nunique()
     if n < 2:
-        return _landing(chapter, paper, n, planned)
+        return landing_claim(chapter, paper, n, planned)
     text, test = speedup_verdict(rows, label, margin)
     return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned)
 
@@ -906,8 +908,8 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
            "compare_breakdowns", "complete_seeds", "confident_samples", "fd_curves", "feature_constants",
            "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
-           "interaction_claim", "landed", "output_constants", "paired_claim", "rate_text", "ratio_text",
-           "robustness_table", "run_table", "select", "speed_curves", "speed_target", "speedup", "speedup_claim",
-           "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
-           "trajectory", "trend", "xt_norm_ratio"]
+           "interaction_claim", "landed", "landing_claim", "output_constants", "paired_claim", "rate_text",
+           "ratio_text", "robustness_table", "run_table", "select", "speed_curves", "speed_target", "speedup",
+           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale",
+           "trajectories", "trajectory", "trend", "xt_norm_ratio"]
 
