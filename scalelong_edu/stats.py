@@ -288,6 +288,7 @@ class RateTest:
 
     Attributes:
         events, n: per arm ``(baseline, treatment)``: runs with the event, and runs.
+        discordant: the pairs in which only one run had the event, ``(baseline only, treatment only)``.
         ci: per arm, the exact (Clopper-Pearson) 95% interval of the rate.
         p: the exact McNemar test (a binomial test on the pairs that disagree), two-sided.
         p_holm: ``p`` adjusted within the family (:func:`holm`), or ``None``.
@@ -302,6 +303,7 @@ class RateTest:
 
     events: tuple[int, int]
     n: int
+    discordant: tuple[int, int]
     ci: tuple[tuple[float, float], tuple[float, float]]
     p: float
     margin: float
@@ -356,7 +358,7 @@ def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: fl
     p = 1.0 if discordant == 0 else float(binomtest(only_treat, discordant, 0.5).pvalue)
     events = (int(base.sum()), int(treat.sum()))
     ci = tuple(exact_interval(k, len(base)) for k in events)
-    return RateTest(events, len(base), ci, p, float(margin), direction)
+    return RateTest(events, len(base), (only_base, only_treat), ci, p, float(margin), direction)
 
 
 SPEARMAN_VARIANCE = 1.06
