@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -102,6 +102,22 @@ def fig1_paths(result: ExperimentResult) -> pd.DataFrame:
             [probes.label[mask], probes.seed[mask], probes.step[mask]], sort=False).mean()
         frames.append(np.exp(logs).rename("value").reset_index().assign(series=series))
     return pd.concat(frames, ignore_index=True)[["label", "seed", "step", "series", "value"]]
+
+
+def curves_by_backbone(results: Mapping[str, ExperimentResult],
+                       curves: Callable[[ExperimentResult], pd.DataFrame]) -> pd.DataFrame:
+    """``curves(result)`` (a frame with ``label, seed, step, value``, e.g. from :func:`fig1_paths`
+    or :func:`speed_curves`) for each backbone's result, on the seeds that every label of it has
+    finished, stacked with ``series`` set to the backbone's key: one panel per backbone for
+    :func:`scalelong_edu.figures.plot_seeds_and_median`."""
+    import pandas as pd
+
+    frames = []
+    for backbone, result in results.items():
+        frame = curves(result)
+        complete = frame.groupby("seed").label.nunique() == frame.label.nunique()
+        frames.append(frame[frame.seed.map(complete)].assign(series=backbone))
+    return pd.concat(frames, ignore_index=True)
 
 
 def trajectory(steps: Sequence[int], values: Sequence[float], regular: int, late: float = LATE) -> dict[str, float]:
@@ -906,7 +922,7 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
            "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
-           "compare_breakdowns", "complete_seeds", "confident_samples", "fd_curves", "feature_constants",
+           "compare_breakdowns", "complete_seeds", "curves_by_backbone", "confident_samples", "fd_curves", "feature_constants",
            "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
            "interaction_claim", "landed", "landing_claim", "output_constants", "paired_claim", "rate_text",
            "ratio_text", "robustness_table", "run_table", "select", "speed_curves", "speed_target", "speedup",

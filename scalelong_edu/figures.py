@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .plotting import legend_below, log_axis, pretty
+from .plotting import legend_below, log_axis, method_color, pretty
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,11 +22,19 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .evidence import MethodSummary
+    from .experiments import ExperimentResult
 
 
 def method_colors(labels: Sequence[str]) -> dict[str, tuple]:
     """One colour per method label, in legend order (seaborn's ``colorblind`` palette)."""
     return dict(zip(labels, sns.color_palette("colorblind", len(labels))))
+
+
+def result_colors(result: ExperimentResult) -> dict[str, str]:
+    """Each label of ``result`` in the fixed colour of its runs' method
+    (:data:`scalelong_edu.plotting.METHOD_COLORS`): the colours of chapter 3's opening figure, for
+    results with one label per method, such as the main comparisons."""
+    return {r["label"]: method_color(r["run"]["method"]) for r in result.runs}
 
 
 def plot_xt_ratio(frames: Mapping[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
@@ -76,19 +84,27 @@ def plot_over_training(
 
 
 def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Sequence[tuple[str, str]],
-                          colors: Mapping[str, str]) -> Figure:
+                          colors: Mapping[str, str], titles: Mapping[str, str] | None = None,
+                          log: bool = True) -> Figure:
     """One panel per ``(series, ylabel)`` of ``paths`` (:func:`scalelong_edu.evidence.fig1_paths`),
-    value against step on a log axis: every seed of every method in ``labels`` a thin line, the
-    median over seeds bold, one colour per method (``colors``, by label)."""
+    value against step (on a log axis unless ``log`` is false): every seed of every method in ``labels`` a thin line, the
+    median over seeds bold, one colour per method (``colors``, by label). Each panel's title says
+    how many seeds its medians pool (panels may hold different seeds), after ``titles[series]``."""
     fig, axes = plt.subplots(1, len(series), figsize=(7.0, 3.4), sharex=True, squeeze=False)
     for ax, (name, ylabel) in zip(axes[0], series):
         mine = paths[paths.series == name]
+        counts = {}
         for label in labels:
             runs = mine[mine.label == label].pivot_table(index="step", columns="seed", values="value")
+            counts[pretty(label)] = runs.shape[1]
             ax.plot(runs.index, runs.to_numpy(), color=colors[label], lw=0.6, alpha=0.35)
-            ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2,
-                    label=f"{pretty(label)} (median of {runs.shape[1]})")
-        log_axis(ax)
+            ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2, label=pretty(label))
+        n = next(iter(counts.values()))
+        seeds = (f"median of {n} seed{'s' * (n != 1)}" if len(set(counts.values())) == 1
+                 else "seeds: " + ", ".join(f"{label} {count}" for label, count in counts.items()))
+        ax.set_title("\n".join(filter(None, [(titles or {}).get(name), seeds])), fontsize=10)
+        if log:
+            log_axis(ax)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
     handles, names = axes[0, 0].get_legend_handles_labels()

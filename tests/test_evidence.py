@@ -220,6 +220,18 @@ def test_fig1_paths_are_geometric_means_over_the_skips_of_each_step():
     assert feature.to_dict() == pytest.approx({0: 2.0, 10: 4.0}) and grad.to_dict() == pytest.approx({0: 3.0, 10: 2.0})
 
 
+def test_curves_by_backbone_keep_the_seeds_every_label_finished_one_series_per_backbone():
+    runs = {"uvit": [record("none", 0, []), record("CS", 0, []), record("none", 1, [])],
+            "unet": [record("none", 3, []), record("CS", 3, [])]}
+
+    def curves(r):
+        return pd.DataFrame([{"label": x["label"], "seed": x["run"]["seed"], "step": 0, "value": 1.0}
+                             for x in r.runs])
+
+    frame = evidence.curves_by_backbone({b: result(rs, 10) for b, rs in runs.items()}, curves)
+    assert list(zip(frame.series, frame.seed)) == [("uvit", 0), ("uvit", 0), ("unet", 3), ("unet", 3)]
+
+
 def test_complete_seeds_keeps_the_seeds_every_method_has():
     table = pd.DataFrame({"method": ["none", "CS", "none", "CS", "none"], "seed": [0, 0, 1, 1, 2]})
     assert list(evidence.complete_seeds(table).seed) == [0, 0, 1, 1]

@@ -22,6 +22,7 @@ from scalelong_edu.figures import (
     plot_stability_maps,
     plot_sweep,
     plot_xt_ratio,
+    result_colors,
 )
 from scalelong_edu.stats import mean_se
 
@@ -30,6 +31,15 @@ LABELS = ["none", "CS", "LS"]
 
 def legend_texts(legend):
     return [t.get_text() for t in legend.get_texts()]
+
+
+def test_result_colors_follow_each_runs_method():
+    from scalelong_edu.experiments import ExperimentResult
+    from scalelong_edu.plotting import METHOD_COLORS
+
+    runs = [{"label": label, "run": {"method": method}} for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs"))]
+    colors = result_colors(ExperimentResult(spec={}, provenance={}, runs=runs))
+    assert colors == {"none": METHOD_COLORS["none"], "CS (kappa=0.5)": METHOD_COLORS["cs"]}
 
 
 def test_method_colors_one_distinct_colour_per_label_in_order():
@@ -236,7 +246,18 @@ def test_plot_seeds_and_median_draws_every_seed_thin_and_the_median_bold():
     thin, median = lines[:3], lines[3]
     assert all(line.get_linewidth() < median.get_linewidth() for line in thin)
     assert list(median.get_ydata()) == [4.0, 44.0, 84.0]  # seed 1 of none: 2 * 2 * (1 + step)
-    assert legend_texts(fig.legends[0]) == ["none (median of 3)", "CS (median of 3)"]
+    assert legend_texts(fig.legends[0]) == ["none", "CS"]
+    assert [ax.get_title() for ax in (left, right)] == ["median of 3 seeds"] * 2
+
+
+def test_plot_seeds_and_median_counts_the_seeds_of_each_panel_apart():
+    paths = pd.DataFrame([{"label": label, "seed": seed, "step": step, "series": series, "value": 1.0 + step}
+                          for series, seeds in (("uvit", 3), ("unet", 2)) for label in ("none", "CS")
+                          for seed in range(seeds - (series == "unet" and label == "CS")) for step in (0, 10)])
+    fig = plot_seeds_and_median(paths, ["none", "CS"], [("uvit", "g"), ("unet", "g")],
+                                {"none": "black", "CS": "red"}, titles={"uvit": "U-ViT"}, log=False)
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["U-ViT\nmedian of 3 seeds", "seeds: none 2, CS 1"]
+    assert fig.axes[0].get_yscale() == "linear"
 
 
 def test_plot_breakdown_search_marks_breakdowns_counts_them_and_shades_the_choice():
