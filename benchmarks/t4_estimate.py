@@ -14,25 +14,34 @@ Run: ``python benchmarks/t4_estimate.py [--tflops 16]``.
 from __future__ import annotations
 
 import argparse
+import json
+import re
+from pathlib import Path
 
 from scalelong_edu.cost import BUDGET_MINUTES, T4_TFLOPS, t4_minutes
-from scalelong_edu.experiments import BACKBONES, REGIMES, get_experiment, work
+from scalelong_edu.experiments import BACKBONES, EXPERIMENTS, get_experiment, work
 from scalelong_edu.gpu_scale import SECTIONS
 from scalelong_edu.profiles import PROFILES
 
-COMPARISON = tuple(f"{b}-{r}" for b in BACKBONES for r in REGIMES)
-CHAPTER_EXPERIMENTS: dict[int, tuple[str, ...]] = {
-    1: (),
-    2: (),
-    3: ("uvit-lr-sweep", "unet-lr-sweep", *COMPARISON, "main-uvit"),
-    4: COMPARISON,
-    5: COMPARISON,
-    6: ("scaling-uvit", "scaling-unet", *COMPARISON, "kappa-uvit-stress"),
-    7: ("scaling-uvit", "scaling-unet", "uvit-lr-sweep", "stability-map", "depth-unet"),
-    8: ("depth-uvit", "depth-unet", "kappa-grid", "block-output", "stability-map"),
-}
-"""The experiments each chapter's text loads (chapter 1 trains its long UNet in a cell: one
-``long_steps`` run, the size of ``live-ddpm``; chapter 2 trains nothing)."""
+BOOK = Path(__file__).resolve().parents[1] / "book"
+LOADERS = re.compile(r"\b(run_experiment|finished_so_far|landed)\(")
+
+
+def chapter_experiments(chapter: int) -> tuple[str, ...]:
+    """The experiments chapter ``chapter``'s text loads, read from its notebook: every string literal
+    that names an experiment in a code cell that calls a loader (``run_experiment``,
+    ``finished_so_far``, ``evidence.landed``), an f-string's placeholder filled with each backbone
+    (``f"main-{b}"``). Chapter 1 trains its long UNet in a cell instead: one ``live-ddpm`` run."""
+    [path] = BOOK.glob(f"{chapter:02d}_*.ipynb")
+    names = []
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not LOADERS.search(source):
+            continue
+        for literal in re.findall(r'"([^"\n]+)"', source):
+            names += [name for name in dict.fromkeys(re.sub(r"\{\w+\}", b, literal) for b in BACKBONES)
+                      if name in EXPERIMENTS]
+    return tuple(dict.fromkeys(names)) or (("live-ddpm",) if chapter == 1 else ())
 
 
 def main() -> None:
@@ -46,7 +55,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for chapter, name in SECTIONS.items():
         live = work(get_experiment(name), gpu)
-        names = CHAPTER_EXPERIMENTS[chapter] or (("live-ddpm",) if chapter == 1 else ())
+        names = chapter_experiments(chapter)
         runs = {}
         for other in names:
             experiment = get_experiment(other)

@@ -83,25 +83,32 @@ def plot_over_training(
     return fig
 
 
+def draw_seeds_and_median(ax: Axes, frame: pd.DataFrame, labels: Sequence[str], colors: Mapping[str, str],
+                          alpha: float = 0.35) -> dict[str, int]:
+    """``value`` against ``step`` of ``frame`` (columns ``label, seed, step, value``) on ``ax``:
+    every seed of every label in ``labels`` a thin line, the median over seeds bold, one colour per
+    label. Returns each label's number of seeds."""
+    counts = {}
+    for label in labels:
+        runs = frame[frame.label == label].pivot_table(index="step", columns="seed", values="value")
+        counts[label] = runs.shape[1]
+        ax.plot(runs.index, runs.to_numpy(), color=colors[label], lw=0.6, alpha=alpha)
+        ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2, label=pretty(label))
+    return counts
+
+
 def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Sequence[tuple[str, str]],
                           colors: Mapping[str, str], titles: Mapping[str, str] | None = None,
                           log: bool = True) -> Figure:
     """One panel per ``(series, ylabel)`` of ``paths`` (:func:`scalelong_edu.evidence.fig1_paths`),
-    value against step (on a log axis unless ``log`` is false): every seed of every method in ``labels`` a thin line, the
-    median over seeds bold, one colour per method (``colors``, by label). Each panel's title says
+    :func:`draw_seeds_and_median` (on a log axis unless ``log`` is false). Each panel's title says
     how many seeds its medians pool (panels may hold different seeds), after ``titles[series]``."""
     fig, axes = plt.subplots(1, len(series), figsize=(7.0, 3.4), sharex=True, squeeze=False)
     for ax, (name, ylabel) in zip(axes[0], series):
-        mine = paths[paths.series == name]
-        counts = {}
-        for label in labels:
-            runs = mine[mine.label == label].pivot_table(index="step", columns="seed", values="value")
-            counts[pretty(label)] = runs.shape[1]
-            ax.plot(runs.index, runs.to_numpy(), color=colors[label], lw=0.6, alpha=0.35)
-            ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2, label=pretty(label))
+        counts = draw_seeds_and_median(ax, paths[paths.series == name], labels, colors)
         n = next(iter(counts.values()))
         seeds = (f"median of {n} seed{'s' * (n != 1)}" if len(set(counts.values())) == 1
-                 else "seeds: " + ", ".join(f"{label} {count}" for label, count in counts.items()))
+                 else "seeds: " + ", ".join(f"{pretty(label)} {count}" for label, count in counts.items()))
         ax.set_title("\n".join(filter(None, [(titles or {}).get(name), seeds])), fontsize=10)
         if log:
             log_axis(ax)

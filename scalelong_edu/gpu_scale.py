@@ -26,7 +26,7 @@ from .book import COLAB_RUNTIME
 from .cost import t4_minutes
 from .evidence import fd_curves, features
 from .experiments import ExperimentResult, cache_path, get_experiment, run_experiment, work
-from .figures import plot_robustness
+from .figures import draw_seeds_and_median, plot_robustness, result_colors
 from .plotting import MAX_FIGURE_WIDTH, legend_below, log_axis, method_color
 from .profiles import live_profile
 from .train import pick_device
@@ -88,13 +88,10 @@ def over_training(result: ExperimentResult, quantity: str) -> pd.DataFrame:
 
 def plot_curves(frame: pd.DataFrame, quantity: str, ax: Axes) -> Axes:
     """:func:`over_training`'s ``frame`` on ``ax``: every seed a thin line, the median over seeds bold,
-    one colour per method, log scale."""
-    for label, rows in frame.groupby("label", sort=False):
-        color = method_color(rows.method.iloc[0])
-        for _, seed in rows.groupby("seed"):
-            ax.plot(seed.step, seed.value, color=color, lw=0.6, alpha=0.45)
-        median = rows.groupby("step").value.median()
-        ax.plot(median.index, median, color=color, lw=2, label=label)
+    one colour per method (:func:`scalelong_edu.figures.draw_seeds_and_median`), log scale."""
+    methods = frame.drop_duplicates("label").set_index("label").method
+    draw_seeds_and_median(ax, frame, list(methods.index), {label: method_color(m) for label, m in methods.items()},
+                          alpha=0.45)
     log_axis(ax)
     ax.set_xlabel("training step")
     ax.set_ylabel(QUANTITIES[quantity])
@@ -145,7 +142,7 @@ def robustness_beside(chapter: int, cpu: ExperimentResult, live: ExperimentResul
     of the end-of-training robustness probe against the extra input noise, on the methods of chapter
     ``chapter``'s section."""
     labels = section_labels(chapter)
-    colors = {r["label"]: method_color(r["run"]["method"]) for r in (*cpu.runs, *(live.runs if live else ()))}
+    colors = result_colors(cpu) | (result_colors(live) if live else {})
 
     def draw(ax: Axes, result: ExperimentResult) -> None:
         probes = result.probes()
