@@ -37,7 +37,8 @@ def test_result_colors_follow_each_runs_method():
     from scalelong_edu.experiments import ExperimentResult
     from scalelong_edu.plotting import METHOD_COLORS
 
-    runs = [{"label": label, "run": {"method": method}} for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs"))]
+    runs = [{"label": label, "run": {"method": method}}
+            for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs"))]
     colors = result_colors(ExperimentResult(spec={}, provenance={}, runs=runs))
     assert colors == {"none": METHOD_COLORS["none"], "CS (kappa=0.5)": METHOD_COLORS["cs"]}
 
