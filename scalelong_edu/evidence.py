@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -104,17 +104,15 @@ def fig1_paths(result: ExperimentResult) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[["label", "seed", "step", "series", "value"]]
 
 
-def curves_by_backbone(results: Mapping[str, ExperimentResult],
-                       curves: Callable[[ExperimentResult], pd.DataFrame]) -> pd.DataFrame:
-    """``curves(result)`` (a frame with ``label, seed, step, value``, e.g. from :func:`fig1_paths`
-    or :func:`speed_curves`) for each backbone's result, on the seeds that every label of it has
-    finished, stacked with ``series`` set to the backbone's key: one panel per backbone for
+def curves_by_backbone(curves: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Each backbone's ``curves`` (frames with ``label, seed, step, value``, e.g. from
+    :func:`fig1_paths` or :func:`speed_curves`) on the seeds that every label of it has finished,
+    stacked with ``series`` set to the backbone's key: one panel per backbone for
     :func:`scalelong_edu.figures.plot_seeds_and_median`."""
     import pandas as pd
 
     frames = []
-    for backbone, result in results.items():
-        frame = curves(result)
+    for backbone, frame in curves.items():
         complete = frame.groupby("seed").label.nunique() == frame.label.nunique()
         frames.append(frame[frame.seed.map(complete)].assign(series=backbone))
     return pd.concat(frames, ignore_index=True)

@@ -201,6 +201,19 @@ def plot_robustness(
     return ax
 
 
+def plot_robustness_by_backbone(frames: Mapping[str, pd.DataFrame], quantity: str, ylabel: str,
+                                colors: Mapping[str, tuple]) -> Figure:
+    """:func:`plot_robustness` side by side, one panel per ``frames`` entry (title: its key, e.g.
+    the backbone's name), a shared y axis and one legend, under the first panel."""
+    fig, axes = plt.subplots(1, len(frames), figsize=(10, 4), sharey=True, squeeze=False)
+    for ax, (title, frame) in zip(axes[0], frames.items()):
+        plot_robustness(frame, quantity, ylabel, colors, ax=ax)
+        ax.set_title(title)
+    for ax in axes[0, 1:]:
+        ax.get_legend().remove()
+    return fig
+
+
 def plot_fd_curves(curves: pd.DataFrame, colors: Mapping[str, tuple], ax: Axes | None = None) -> Axes:
     """The Frechet classifier distance against training step (:func:`scalelong_edu.evidence.fd_curves`):
     per method the mean over seeds and a band from the lowest to the highest seed, log scale."""

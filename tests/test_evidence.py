@@ -224,11 +224,11 @@ def test_curves_by_backbone_keep_the_seeds_every_label_finished_one_series_per_b
     runs = {"uvit": [record("none", 0, []), record("CS", 0, []), record("none", 1, [])],
             "unet": [record("none", 3, []), record("CS", 3, [])]}
 
-    def curves(r):
+    def curves(records):
         return pd.DataFrame([{"label": x["label"], "seed": x["run"]["seed"], "step": 0, "value": 1.0}
-                             for x in r.runs])
+                             for x in records])
 
-    frame = evidence.curves_by_backbone({b: result(rs, 10) for b, rs in runs.items()}, curves)
+    frame = evidence.curves_by_backbone({b: curves(rs) for b, rs in runs.items()})
     assert list(zip(frame.series, frame.seed)) == [("uvit", 0), ("uvit", 0), ("unet", 3), ("unet", 3)]
 
 

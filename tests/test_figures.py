@@ -18,6 +18,7 @@ from scalelong_edu.figures import (
     plot_kappa_profile,
     plot_over_training,
     plot_robustness,
+    plot_robustness_by_backbone,
     plot_seeds_and_median,
     plot_stability_maps,
     plot_sweep,
@@ -288,3 +289,13 @@ def test_plot_breakdown_pairs_puts_each_run_at_its_seed_and_method_and_leaves_mi
     assert [t.get_text() for t in grid.get_yticklabels()] == ["none", "CS", "LS"]
     assert list(grid.get_xticks()) == [0, 1, 2, 3]  # the planned seeds, landed or not
     assert [t.get_text() for t in bars.texts] == ["2/3", "0/2"]  # LS has no run yet: no rate
+
+
+def test_plot_robustness_by_backbone_one_panel_each_and_one_legend():
+    frame = pd.DataFrame([{"label": label, "seed": seed, "sigma": sigma, "quantity": "loss_change",
+                           "value": sigma * (1 + seed)} for label in ("none", "CS") for seed in range(2)
+                          for sigma in (0.0, 0.1)])
+    fig = plot_robustness_by_backbone({"U-ViT": frame, "conv UNet": frame}, "loss_change", "rise",
+                                      {"none": "black", "CS": "red"})
+    assert [ax.get_title() for ax in fig.axes] == ["U-ViT", "conv UNet"]
+    assert fig.axes[0].get_legend() is not None and fig.axes[1].get_legend() is None
