@@ -84,17 +84,36 @@ def plot_over_training(
 
 
 def draw_seeds_and_median(ax: Axes, frame: pd.DataFrame, labels: Sequence[str], colors: Mapping[str, str],
-                          alpha: float = 0.35) -> dict[str, int]:
-    """``value`` against ``step`` of ``frame`` (columns ``label, seed, step, value``) on ``ax``:
-    every seed of every label in ``labels`` a thin line, the median over seeds bold, one colour per
-    label. Returns each label's number of seeds."""
+                          alpha: float = 0.35, x: str = "step", marker: str | None = None) -> dict[str, int]:
+    """``value`` against ``x`` of ``frame`` (columns ``label, seed, value`` and ``x``) on ``ax``:
+    every seed of every label in ``labels`` a thin line, the median over seeds bold (with
+    ``marker`` at each ``x``), one colour per label. Returns each label's number of seeds."""
     counts = {}
     for label in labels:
-        runs = frame[frame.label == label].pivot_table(index="step", columns="seed", values="value")
+        runs = frame[frame.label == label].pivot_table(index=x, columns="seed", values="value")
         counts[label] = runs.shape[1]
         ax.plot(runs.index, runs.to_numpy(), color=colors[label], lw=0.6, alpha=alpha)
-        ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2, label=pretty(label))
+        ax.plot(runs.index, runs.median(axis=1), color=colors[label], lw=2.2, marker=marker, label=pretty(label))
     return counts
+
+
+def _seeds_title(title: str | None, counts: Mapping[str, int]) -> str:
+    """A panel's title, then how many seeds each label's median pools (once, if all the same)."""
+    n = next(iter(counts.values()), 0)
+    seeds = (f"median of {n} seed{'s' * (n != 1)}" if len(set(counts.values())) == 1
+             else "seeds: " + ", ".join(f"{pretty(label)} {count}" for label, count in counts.items()))
+    return "\n".join(filter(None, [title, seeds]))
+
+
+def _legend_under(fig: Figure, ncol: int) -> None:
+    """The panels' legend entries, each once, centred under the whole figure, below its panels."""
+    entries = {}
+    for ax in fig.axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(name, handle)
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
+    fig.legend(list(entries.values()), list(entries), loc="lower center", bbox_to_anchor=(0.5, 0), ncol=ncol,
+               frameon=False)
 
 
 def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Sequence[tuple[str, str]],
@@ -106,17 +125,33 @@ def plot_seeds_and_median(paths: pd.DataFrame, labels: Sequence[str], series: Se
     fig, axes = plt.subplots(1, len(series), figsize=(7.0, 3.4), sharex=True, squeeze=False)
     for ax, (name, ylabel) in zip(axes[0], series):
         counts = draw_seeds_and_median(ax, paths[paths.series == name], labels, colors)
-        n = next(iter(counts.values()))
-        seeds = (f"median of {n} seed{'s' * (n != 1)}" if len(set(counts.values())) == 1
-                 else "seeds: " + ", ".join(f"{pretty(label)} {count}" for label, count in counts.items()))
-        ax.set_title("\n".join(filter(None, [(titles or {}).get(name), seeds])), fontsize=10)
+        ax.set_title(_seeds_title((titles or {}).get(name), counts), fontsize=10)
         if log:
             log_axis(ax)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
-    handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
-    fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, 0), ncol=min(len(labels), 3), frameon=False)
+    _legend_under(fig, min(len(labels), 3))
+    return fig
+
+
+def plot_seed_ratios(panels: Sequence[tuple[str, pd.DataFrame, str, str]], colors: Mapping[str, str],
+                     ylabel: str) -> Figure:
+    """One panel per ``(title, frame, x, xlabel)``: each seed's ratio to its baseline run
+    (:func:`scalelong_edu.evidence.seed_ratios`, with a ``label`` column) against the setting
+    ``x`` (e.g. the depth ``N`` or ``kappa``), drawn by :func:`draw_seeds_and_median` for the labels
+    of ``colors`` that the frame holds, on a log axis with no difference (ratio 1) dotted. A seed's
+    line going up means that run lost ground to its baseline as ``x`` changed."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.0, 3.4), sharey=True, squeeze=False)
+    for ax, (title, frame, x, xlabel) in zip(axes[0], panels):
+        labels = [label for label in colors if label in set(frame.label)]
+        counts = draw_seeds_and_median(ax, frame, labels, colors, x=x, marker="o")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xticks(sorted(frame[x].unique()))
+        ax.set_title(_seeds_title(title, counts), fontsize=10)
+        ax.set_xlabel(xlabel)
+        log_axis(ax)
+    axes[0, 0].set_ylabel(ylabel)
+    _legend_under(fig, min(len(colors), 3))
     return fig
 
 

@@ -19,6 +19,7 @@ from scalelong_edu.figures import (
     plot_over_training,
     plot_robustness,
     plot_robustness_by_backbone,
+    plot_seed_ratios,
     plot_seeds_and_median,
     plot_stability_maps,
     plot_sweep,
@@ -261,6 +262,25 @@ def test_plot_seeds_and_median_counts_the_seeds_of_each_panel_apart():
     assert [ax.get_title() for ax in fig.axes[:2]] == ["U-ViT\nmedian of 3 seeds", "seeds: none 2, CS 1"]
     assert fig.axes[0].get_yscale() == "linear"
 
+
+
+def test_plot_seed_ratios_draws_each_seeds_ratio_against_the_setting_with_ratio_one_dotted():
+    depth = pd.DataFrame([{"label": label, "seed": seed, "N": n, "value": (1 + seed / 10) * (n / 2 if label == "CS"
+                                                                                             else 1.0)}
+                          for label in ("none", "CS") for seed in range(3) for n in (2, 8)])
+    grid = pd.DataFrame([{"label": "CS", "seed": seed, "kappa": k, "value": 1 + k - seed / 10}
+                         for seed in range(2) for k in (0.5, 1.0)])
+    fig = plot_seed_ratios([("depth", depth, "N", "long skips N"), ("κ grid", grid, "kappa", "κ")],
+                           {"none": "black", "CS": "red"}, "loss / none")
+    left, right = fig.axes[:2]
+    assert len(left.get_lines()) == 2 * (3 + 1) + 1  # per label three seeds and the median, then ratio 1
+    median = left.get_lines()[7]
+    assert list(median.get_xdata()) == [2, 8] and list(median.get_ydata()) == pytest.approx([1.1, 4.4])
+    assert left.get_lines()[-1].get_linestyle() == ":" and left.get_yscale() == "log"
+    assert [t.get_text() for t in left.get_xticklabels()] == ["2", "8"]
+    assert [ax.get_title() for ax in (left, right)] == ["depth\nmedian of 3 seeds", "κ grid\nmedian of 2 seeds"]
+    assert left.get_ylabel() == "loss / none" and right.get_xlabel() == "κ"
+    assert legend_texts(fig.legends[0]) == ["none", "CS"]  # each label once, from both panels
 
 def test_plot_breakdown_search_marks_breakdowns_counts_them_and_shades_the_choice():
     table = pd.DataFrame({"lr_scale": [16, 16, 48, 48, 64, 64],
