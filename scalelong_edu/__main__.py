@@ -1,4 +1,4 @@
-"""Command line: ``python -m scalelong_edu list | run NAME [--profile P] | profiles``."""
+"""Command line: ``python -m scalelong_edu list | run NAME [NAME ...] [--profile P] | profiles``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ examples:
   python -m scalelong_edu list
   python -m scalelong_edu run uvit-gentle --profile cpu
   python -m scalelong_edu run depth-uvit --profile cpu --workers 2
+  python -m scalelong_edu run main-unet depth-trained kappa-trained --profile cpu --workers 2
   torchrun --standalone --nproc_per_node 2 -m scalelong_edu run uvit-gentle --profile gpu
 """
 
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--profile", choices=list(PROFILES), help="profile to check the cache for")
     commands.add_parser("profiles", help="show the sizes of each profile")
     run = commands.add_parser("run", help="train an experiment (or load it from the cache) and print a summary")
-    run.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="an experiment from `list`")
+    run.add_argument("names", nargs="+", choices=list(EXPERIMENTS), metavar="NAME",
+                     help="one or more experiments from `list`, trained one after another (stops at the first error)")
     run.add_argument("--profile", choices=list(PROFILES),
                      help=f"sizes to run at (default: ${ENV_VAR}, else cpu; gpu on a GPU with {TRAIN_VAR}=all)")
     run.add_argument("--force", action="store_true", help="train again even if a cached result exists")
@@ -83,18 +85,25 @@ def _command(args: argparse.Namespace) -> None:
             n = len(e.plan(profile))
             print(f"  {e.name:16s} {n:2d} runs  {e.description}\n{'':20s}{cache_status(e, profile)}")
     else:
-        result = run_experiment(args.name, args.profile, force=args.force, device=args.device,
-                                progress=not args.no_progress, workers=args.workers, budget=math.inf)
-        if init_distributed()[0] != 0:  # under torchrun, rank 0 alone reports
-            return
-        print(f"{args.name} ({result.spec['profile']['name']} profile), {result.describe()}")
-        for r in result.runs:
-            last = r["history"].get("loss", [])[-100:]
-            loss = sum(last) / max(len(last), 1)
-            status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
-            print(f"  {r['label']:22s} seed {r['run']['seed']} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
-        if result.path:
-            print(f"result: {result.path}")
+        for name in args.names:
+            _run(name, args)
+
+
+def _run(name: str, args: argparse.Namespace) -> None:
+    """Train (or load) experiment ``name`` and print what each of its runs ended with."""
+    result = run_experiment(name, args.profile, force=args.force, device=args.device, progress=not args.no_progress,
+                            workers=args.workers, budget=math.inf)
+    if init_distributed()[0] != 0:  # under torchrun, rank 0 alone reports
+        return
+    print(f"{name} ({result.spec['profile']['name']} profile), {result.describe()}")
+    for r in result.runs:
+        last = r["history"].get("loss", [])[-100:]
+        loss = sum(last) / max(len(last), 1)
+        status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
+        print(f"  {r['label']:22s} seed {r['run']['seed']} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
+    if result.path:
+        print(f"result: {result.path}")
+
 
 if __name__ == "__main__":
     sys.exit(main())

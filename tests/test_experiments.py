@@ -542,6 +542,10 @@ def test_cli(capsys, monkeypatch):
     main(["run", "quick", "--no-progress"])
     out = capsys.readouterr().out
     assert "quick (ci profile)" in out and "CS" in out and "result:" in out
+    monkeypatch.setitem(ex.EXPERIMENTS, "again", replace(QUICK, name="again"))
+    main(["run", "quick", "again", "--no-progress"])  # one after the other, the first from the cache
+    out = capsys.readouterr().out
+    assert out.index("quick (ci profile)") < out.index("again (ci profile)") and out.count("result:") == 2
     with pytest.raises(SystemExit):
         main(["run", "nope"])
 
