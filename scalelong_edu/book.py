@@ -10,7 +10,7 @@ import torch
 
 from .cost import TRAIN_VAR, default_budget
 from .data import DatasetInfo, dataset_info
-from .plotting import use_book_style
+from .plotting import light_png, use_book_style
 from .profiles import Profile, get_profile
 from .train import pick_device
 
@@ -35,13 +35,20 @@ class Setup:
 
 
 def setup(seed: int = 0) -> Setup:
-    """Seed torch, apply the book's plot style, and print profile, device and dataset.
+    """Seed torch, apply the book's plot style, show figures as light PNGs
+    (:func:`~scalelong_edu.plotting.light_png`) and table cells in full (pandas cuts them at 50
+    characters, which hides the seed counts at the end of a measured text), and print profile,
+    device and dataset.
 
     On Colab it also turns on Colab's custom widget manager, which ipywidgets 8 and
     third-party widgets need there, and says how to get a GPU.
     """
+    import pandas as pd
+
     torch.manual_seed(seed)
     use_book_style()
+    pd.set_option("display.max_colwidth", None)
+    show_light_figures()
     profile = get_profile()
     info = dataset_info(profile.dataset)
     env = Setup(profile, pick_device(), info)
@@ -51,6 +58,24 @@ def setup(seed: int = 0) -> Setup:
         if env.device.type == "cpu":
             print(COLAB_GPU_HINT)
     return env
+
+
+def show_light_figures() -> bool:
+    """Make IPython show matplotlib figures as :func:`~scalelong_edu.plotting.light_png`;
+    ``False`` outside IPython, where there is nothing to show them in."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    plt.close(plt.figure())  # the inline backend registers its own formatter when first used: before ours
+    shell.display_formatter.formatters["image/png"].for_type(Figure, light_png)
+    return True
 
 
 def enable_colab_widgets() -> bool:

@@ -91,11 +91,14 @@ def _p_text(test: PairedTest | RateTest | TrendTest | None) -> str:
 
 
 def _seeds_text(claim: Claim) -> str:
+    """The last column: how many of the planned pairs have landed, or the pairs that would decide the
+    claim; in runs for a trend test, whose unit is the run, not the seed."""
+    unit = " runs" if isinstance(claim.test, TrendTest) else ""
     if claim.landing:
-        return f"{claim.planned} planned" + (f", {claim.test.n} landed" if claim.test else "")
+        return f"{claim.planned}{unit} planned" + (f", {claim.test.n} landed" if claim.test else "")
     if claim.decided != "undecided" or claim.test is None:
         return ""
-    return str(claim.test.seeds_needed)
+    return f"{claim.test.seeds_needed}{unit}"
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:

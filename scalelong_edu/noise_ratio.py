@@ -291,13 +291,13 @@ def summarize_ratios(ratios: Tensor | Sequence[float], threshold: float = 5.0,
 
 def image_bootstrap(draws: RatioDraws, threshold: float = 5.0, n_boot: int = 2000,
                     seed: int = 0) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of :func:`ratio_of_means` and of the share of ratios below
-    ``threshold``, resampling the *images* with replacement (``n_boot`` times, NumPy seeded with
+    """95% percentile intervals of the mean of the ratio, of :func:`ratio_of_means` and of the share
+    of ratios below ``threshold``, resampling the *images* with replacement (``n_boot`` times, NumPy seeded with
     ``seed``): a data set's statistics carry the sampling error of its images, which more draws per
     image do not shrink. Every image must have the same number of draws (as the samplers give).
 
     Returns:
-        ``{"ratio_of_means": (lo, hi), "frac_below": (lo, hi)}``.
+        ``{"mean": (lo, hi), "ratio_of_means": (lo, hi), "frac_below": (lo, hi)}``.
     """
     index = draws.image_index.numpy()
     n_images = int(index.max()) + 1
@@ -305,10 +305,12 @@ def image_bootstrap(draws: RatioDraws, threshold: float = 5.0, n_boot: int = 200
     if (counts != counts[0]).any():
         raise ValueError("every image needs the same number of draws")
     per_image = [np.bincount(index, weights=w, minlength=n_images)
-                 for w in (draws.eps_sq.numpy(), draws.xt_sq.numpy(), (draws.ratio < threshold).double().numpy())]
+                 for w in (draws.ratio.numpy(), draws.eps_sq.numpy(), draws.xt_sq.numpy(),
+                           (draws.ratio < threshold).double().numpy())]
     weights = np.random.default_rng(seed).multinomial(n_images, np.full(n_images, 1 / n_images), size=n_boot)
-    eps, xt, below = (weights @ v for v in per_image)
-    stats = {"ratio_of_means": eps / xt, "frac_below": below / (weights.sum(1) * counts[0])}
+    ratio, eps, xt, below = (weights @ v for v in per_image)
+    n_draws = weights.sum(1) * counts[0]
+    stats = {"mean": ratio / n_draws, "ratio_of_means": eps / xt, "frac_below": below / n_draws}
     return {k: (float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))) for k, v in stats.items()}
 
 

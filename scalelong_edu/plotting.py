@@ -79,6 +79,23 @@ def use_book_style() -> None:
     sns.set_theme(style="whitegrid", context="notebook", rc=BOOK_RC)
 
 
+def light_png(fig: Figure, colors: int = 256) -> bytes:
+    """``fig`` as the PNG a notebook shows (tight box, the figure's dpi) reduced to ``colors``
+    colours (Pillow's octree, no dithering). Lines, text and images look the same, and the file is
+    3-4 times smaller: the thin, translucent seed lines of the book's figures otherwise make each
+    PNG hold tens of thousands of colours, and the pages heavy on a phone."""
+    import io
+
+    from IPython.core.pylabtools import print_figure
+    from PIL import Image
+
+    drawn = Image.open(io.BytesIO(print_figure(fig, "png", bbox_inches="tight"))).convert("RGBA")
+    flat = Image.alpha_composite(Image.new("RGBA", drawn.size, "white"), drawn).convert("RGB")
+    out = io.BytesIO()
+    flat.quantize(colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(out, "png", optimize=True)
+    return out.getvalue()
+
+
 PRETTY = ((r"1/sqrt\(2\)", "1/√2"), (r"(?<!\\)\bkappa\s*=\s*", "κ = "), (r"(?<!\\)\bkappa\b", "κ"),
           (r"(?<!\\)\beta\s*=\s*", "η = "), (r"(?<!\\)\beta\b", "η"), (r"\bN\s*=\s*", "N = "),
           (r"\blr x(?=\d)", "lr ×"))

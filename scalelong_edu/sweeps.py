@@ -59,8 +59,11 @@ def sum_kappa2(method: str, kappa: float, n: int) -> float:
     return sum_kappa_squared(path_factors(method, kappa, n)[:n])
 
 
-def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone", "method", "N")) -> pd.DataFrame:
-    """Mean and 95% interval over seeds of ``column`` of :func:`scalelong_edu.evidence.run_table` for each setting ``by``.
+def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone", "method", "N"),
+              log: bool = False) -> pd.DataFrame:
+    """Mean and 95% interval over seeds of ``column`` of :func:`scalelong_edu.evidence.run_table` for each setting ``by``;
+    with ``log``, the geometric mean and the interval of the mean log, for a positive quantity (a
+    loss, an oscillation) whose interval must stay above zero.
 
     Columns: ``by``, ``mean, lo, hi`` (``NaN`` when fewer than two runs finished), ``finished``,
     ``diverged`` and ``runs``. Settings keep the order in which they first appear.
@@ -74,8 +77,10 @@ def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone",
         values = [v for v in group[column] if math.isfinite(v)]
         lo = hi = mean = math.nan
         if len(values) >= 2:
-            summary = mean_se(values)
+            summary = mean_se([math.log(v) for v in values] if log else values)
             mean, (lo, hi) = summary.mean, summary.interval()
+            if log:
+                mean, lo, hi = math.exp(mean), math.exp(lo), math.exp(hi)
         elif values:
             mean = values[0]
         rows.append({**dict(zip(by, key)), "mean": mean, "lo": lo, "hi": hi, "finished": len(values),

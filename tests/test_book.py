@@ -3,6 +3,7 @@
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -18,9 +19,11 @@ def test_setup_states_profile_device_and_dataset(monkeypatch, capsys):
                                        "a cell trains at most 25 min on its own (SCALELONG_TRAIN=all: no limit)\n")
     assert env.profile.name == "ci" and env.dataset.channels == 1
     assert torch.initial_seed() == 3
+    assert pd.get_option("display.max_colwidth") is None  # a claim's measured text is shown whole
     monkeypatch.setenv("SCALELONG_TRAIN", "all")
     book.setup()
     assert "SCALELONG_TRAIN=all: every experiment missing from the cache trains" in capsys.readouterr().out
+    pd.reset_option("display.max_colwidth")
 
 
 def test_setup_tells_colab_users_how_to_get_a_gpu(monkeypatch, capsys):
@@ -47,3 +50,21 @@ def test_glue_without_myst_nb_does_nothing(monkeypatch):
     assert book.glue("x", 1.0) is None
     with pytest.raises(ImportError):
         import myst_nb  # noqa: F401
+
+
+def test_figures_are_shown_light_inside_ipython(monkeypatch):
+    import matplotlib.pyplot as plt
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from scalelong_edu.plotting import light_png
+
+    assert book.show_light_figures() is False  # plain Python: no shell to register with
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr("IPython.get_ipython", lambda: shell)
+    try:
+        assert book.show_light_figures() is True
+        fig = plt.figure()
+        assert shell.display_formatter.formatters["image/png"].lookup(fig) is light_png
+        plt.close(fig)
+    finally:
+        InteractiveShell.clear_instance()

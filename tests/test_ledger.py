@@ -8,7 +8,7 @@ import pytest
 
 from scalelong_edu import ledger
 from scalelong_edu.ledger import Claim, claims_table
-from scalelong_edu.stats import paired_test
+from scalelong_edu.stats import paired_test, trend_test
 from scalelong_edu.notebooks import ROOT, chapters
 
 LONG = "Thm 3.1: ||h_i||^2 <= C ||x_t||^2 S_i & more " + "words " * 20  # past pandas' 50-character cut
@@ -54,6 +54,9 @@ def test_claims_table_puts_the_verdict_first_and_reports_p_and_seeds():
     assert table["p (Holm)"].tolist() == [f"{CLEAR.p:.2g}", f"{NOISY.p:.2g}", ""]
     assert table["seeds to decide"].tolist() == ["", str(NOISY.seeds_needed), ""]
     assert len(claims_table([])) == 0
+    weak = trend_test([1, 2, 3, 4, 5, 6], [2.0, 1.0, 4.0, 3.0, 6.0, 5.0], margin=0.3)
+    trend = Claim(5, "the bound ranks the runs", "rho", test=weak, margin="|ρ| 0.3")
+    assert claims_table([trend])["seeds to decide"][0] == f"{weak.seeds_needed} runs"  # a trend counts runs
 
 
 def test_a_claim_whose_runs_are_still_landing_stays_undecided_and_says_how_many_landed():

@@ -283,6 +283,8 @@ def test_image_bootstrap_brackets_the_estimate_and_narrows_with_more_images():
         assert lo < float((draws.ratio < 5).double().mean()) < hi
         lo_r, hi_r = intervals["ratio_of_means"]
         assert lo_r < ratio_of_means(draws) < hi_r
+        lo_m, hi_m = intervals["mean"]
+        assert hi_r < lo_m < float(draws.ratio.mean()) < hi_m  # the tail lifts the mean of the ratio above the other
         widths[n] = hi - lo
     assert 1.4 < widths[200] / widths[800] < 2.8  # about sqrt(4): the images, not the draws, set it
     uneven = sample_ratios_from_energies([0.1, 0.2], 64, sched, draws=3)

@@ -311,3 +311,23 @@ def test_run_labels_read_as_the_text_writes_them():
     legend = plotting.legend_below(ax)
     assert [t.get_text() for t in legend.get_texts()] == ["CS (κ = 0.5)"]
     plt.close(fig)
+
+
+def test_light_png_draws_the_same_picture_in_256_colours_and_a_fraction_of_the_bytes():
+    import io
+
+    from IPython.core.pylabtools import print_figure
+    from PIL import Image
+
+    fig, ax = plt.subplots()
+    for seed in range(30):  # many thin translucent lines: the seed lines of the book's figures
+        ax.plot(np.random.default_rng(seed).normal(size=200).cumsum(), lw=0.6, alpha=0.35)
+    full = print_figure(fig, "png", bbox_inches="tight")
+    light = plotting.light_png(fig)
+    before, after = Image.open(io.BytesIO(full)), Image.open(io.BytesIO(light))
+    assert after.mode == "P" and after.size == before.size and len(after.getcolors(256)) <= 256
+    assert len(light) < len(full) / 2
+    drawn = np.asarray(before.convert("RGB"), dtype=float)
+    shown = np.asarray(after.convert("RGB"), dtype=float)
+    assert np.abs(drawn - shown).mean() < 2  # within a couple of grey levels on average
+    plt.close(fig)

@@ -78,6 +78,11 @@ def test_summarize_gives_mean_interval_and_counts_divergences():
     assert out.loc["none", "mean"] == 0.2 and math.isnan(out.loc["none", "lo"])  # one run: no interval
     with pytest.raises(KeyError, match="no column 'fcd'"):
         sweeps.summarize(table, "fcd")
+    spread = frame([("CS", 1, 2, seed, loss, 0, None) for seed, loss in enumerate((0.01, 0.02, 0.5))])
+    plain = sweeps.summarize(spread, "loss", by=("method",)).iloc[0]
+    geometric = sweeps.summarize(spread, "loss", by=("method",), log=True).iloc[0]
+    assert plain.lo < 0 < geometric.lo < geometric["mean"] < geometric.hi  # a loss's interval stays positive
+    assert geometric["mean"] == pytest.approx((0.01 * 0.02 * 0.5) ** (1 / 3))
 
 
 MAP = [("CS", 16, 2, 0, 0.97, 0.1, None), ("CS", 16, 2, 1, 0.09, 0.1, None), ("CS", 16, 4, 0, math.nan, math.nan, 40),
