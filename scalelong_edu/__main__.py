@@ -100,7 +100,8 @@ def _run(name: str, args: argparse.Namespace) -> None:
         last = r["history"].get("loss", [])[-100:]
         loss = sum(last) / max(len(last), 1)
         status = f"diverged at step {r['diverged_at']}" if r["diverged_at"] else f"loss (last 100) {loss:.4f}"
-        print(f"  {r['label']:22s} seed {r['run']['seed']} {r['parameters']:>10,d} params  {r['wall_time_s']:7.1f} s  {status}")
+        print(f"  {r['label']:22s} seed {r['run']['seed']} {r['parameters']:>10,d} params  "
+              f"{r['wall_time_s']:7.1f} s  {status}")
     if result.path:
         print(f"result: {result.path}")
 

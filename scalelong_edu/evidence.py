@@ -949,7 +949,7 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "compare_breakdowns", "complete_seeds", "confident_samples", "curves_by_backbone", "fd_curves",
            "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
            "gradient_constants", "interaction_claim", "landed", "landing_claim", "output_constants", "paired_claim",
-           "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select", "speed_curves", "speed_target",
-           "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
-           "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select", "speed_curves",
+           "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach",
+           "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
 

@@ -292,8 +292,8 @@ def summarize_ratios(ratios: Tensor | Sequence[float], threshold: float = 5.0,
 def image_bootstrap(draws: RatioDraws, threshold: float = 5.0, n_boot: int = 2000,
                     seed: int = 0) -> dict[str, tuple[float, float]]:
     """95% percentile intervals of the mean of the ratio, of :func:`ratio_of_means` and of the share
-    of ratios below ``threshold``, resampling the *images* with replacement (``n_boot`` times, NumPy seeded with
-    ``seed``): a data set's statistics carry the sampling error of its images, which more draws per
+    of ratios below ``threshold``, resampling the *images* with replacement (``n_boot`` times, NumPy
+    seeded with ``seed``): a data set's statistics carry the sampling error of its images, which more draws per
     image do not shrink. Every image must have the same number of draws (as the samplers give).
 
     Returns:

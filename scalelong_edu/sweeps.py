@@ -61,9 +61,9 @@ def sum_kappa2(method: str, kappa: float, n: int) -> float:
 
 def summarize(table: pd.DataFrame, column: str, by: Sequence[str] = ("backbone", "method", "N"),
               log: bool = False) -> pd.DataFrame:
-    """Mean and 95% interval over seeds of ``column`` of :func:`scalelong_edu.evidence.run_table` for each setting ``by``;
-    with ``log``, the geometric mean and the interval of the mean log, for a positive quantity (a
-    loss, an oscillation) whose interval must stay above zero.
+    """Mean and 95% interval over seeds of ``column`` of :func:`scalelong_edu.evidence.run_table`
+    for each setting ``by``; with ``log``, the geometric mean and the interval of the mean log, for a
+    positive quantity (a loss, an oscillation) whose interval must stay above zero.
 
     Columns: ``by``, ``mean, lo, hi`` (``NaN`` when fewer than two runs finished), ``finished``,
     ``diverged`` and ``runs``. Settings keep the order in which they first appear.
