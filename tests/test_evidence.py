@@ -237,12 +237,11 @@ def test_complete_seeds_keeps_the_seeds_every_method_has():
     assert list(evidence.complete_seeds(table).seed) == [0, 0, 1, 1]
 
 
-
 def test_seed_ratios_divide_each_run_by_its_seeds_baseline_at_the_same_setting():
     table = pd.DataFrame({"method": ["none", "CS", "none", "CS", "none", "CS", "CS"],
                           "N": [2, 2, 8, 8, 2, 2, 8], "seed": [0, 0, 0, 0, 1, 1, 1],
                           "loss": [2.0, 1.0, 4.0, 6.0, 5.0, 5.0, 3.0],
-                          "broke_down": [False] * 6 + [False]})
+                          "broke_down": [False] * 7})
     ratios = evidence.seed_ratios(table, "loss", by=("N",))
     cs = ratios[ratios.method == "CS"].set_index(["seed", "N"]).value
     assert cs.to_dict() == {(0, 2): 0.5, (0, 8): 1.5, (1, 2): 1.0}  # seed 1 at N = 8 has no baseline run
@@ -255,6 +254,7 @@ def test_seed_ratios_divide_each_run_by_its_seeds_baseline_at_the_same_setting()
     with pytest.raises(ValueError, match="pair by more keys"):
         evidence.seed_ratios(table, "loss")  # without N, seed 0 has two baseline runs
     assert evidence.seed_ratios(pd.DataFrame(), "loss").empty
+
 
 # -- by_method, MethodSummary, verdict --------------------------------------------------------------
 def _table(rows):

@@ -263,7 +263,6 @@ def test_plot_seeds_and_median_counts_the_seeds_of_each_panel_apart():
     assert fig.axes[0].get_yscale() == "linear"
 
 
-
 def test_plot_seed_ratios_draws_each_seeds_ratio_against_the_setting_with_ratio_one_dotted():
     depth = pd.DataFrame([{"label": label, "seed": seed, "N": n, "value": (1 + seed / 10) * (n / 2 if label == "CS"
                                                                                              else 1.0)}
@@ -281,6 +280,7 @@ def test_plot_seed_ratios_draws_each_seeds_ratio_against_the_setting_with_ratio_
     assert [ax.get_title() for ax in (left, right)] == ["depth\nmedian of 3 seeds", "κ grid\nmedian of 2 seeds"]
     assert left.get_ylabel() == "loss / none" and right.get_xlabel() == "κ"
     assert legend_texts(fig.legends[0]) == ["none", "CS"]  # each label once, from both panels
+
 
 def test_plot_breakdown_search_marks_breakdowns_counts_them_and_shades_the_choice():
     table = pd.DataFrame({"lr_scale": [16, 16, 48, 48, 64, 64],
