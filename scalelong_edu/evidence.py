@@ -280,30 +280,44 @@ def complete_seeds(table: pd.DataFrame) -> pd.DataFrame:
     return table[table.seed.map(methods) == table.method.nunique()]
 
 
-def seed_ratios(table: pd.DataFrame, column: str, baseline: object = "none", arm: str = "method",
-                by: Sequence[str] = ()) -> pd.DataFrame:
-    """Each run's ``column`` over that of its ``baseline`` run (the row with ``table[arm] == baseline``, the
-    same seed and the same values of ``by``): the per-seed ratios whose logs :func:`compare` and
-    :func:`interaction_claim` test, for figures that draw every pair. One row per run of
-    :func:`run_table` that has a baseline run (the baseline's own rows included, at ratio 1), with
-    columns ``arm``, ``seed``, ``*by`` and ``value``; e.g. ``arm="kappa", baseline=1.0`` gives a
-    kappa grid relative to no scaling. Runs that broke down have no ratio and are left out (count
-    them with :func:`breakdown_rates`).
+def join_baseline(table: pd.DataFrame, column: str, baseline: object = "none", arm: str = "method",
+                  by: Sequence[str] = ()) -> pd.DataFrame:
+    """The rows of ``table`` that have a baseline run (the row with ``table[arm] == baseline``, the
+    same seed and the same values of ``by``), each with that run's ``column`` as ``base``; the
+    baseline's own rows are kept. The pairing behind :func:`seed_ratios` and
+    :func:`scalelong_edu.sweeps.paired_differences`.
 
     Raises:
-        ValueError: the baseline has several runs with the same seed and ``by`` values.
+        ValueError: no baseline runs, or several with the same seed and ``by`` values.
+    """
+    keys = ["seed", *by]
+    base = table[table[arm] == baseline]
+    if base.empty:
+        raise ValueError(f"no runs of the baseline {baseline!r}; {arm}: {list(dict.fromkeys(table[arm]))}")
+    if base.duplicated(keys).any():
+        raise ValueError(f"{baseline!r} has several runs with the same {', '.join(keys)}: pair by more keys (by)")
+    return table.join(base.set_index(keys)[column].rename("base"), on=keys, how="inner")
+
+
+def seed_ratios(table: pd.DataFrame, column: str, baseline: object = "none", arm: str = "method",
+                by: Sequence[str] = ()) -> pd.DataFrame:
+    """Each run's ``column`` over that of its baseline run (:func:`join_baseline`): the per-seed
+    ratios whose logs :func:`compare` and :func:`interaction_claim` test, for figures that draw
+    every pair. One row per run of :func:`run_table` that has a baseline run (the baseline's own
+    rows included, at ratio 1), with columns ``arm``, ``seed``, ``*by`` and ``value``; e.g.
+    ``arm="kappa", baseline=1.0`` gives a kappa grid relative to no scaling. Runs that broke down
+    have no ratio and are left out (count them with :func:`breakdown_rates`).
+
+    Raises:
+        ValueError: as :func:`join_baseline`.
     """
     import pandas as pd
 
     keys = ["seed", *by]
     if table.empty:
         return pd.DataFrame(columns=[arm, *keys, "value"])
-    kept = table[~table.broke_down]
-    base = kept[kept[arm] == baseline]
-    if base.duplicated(keys).any():
-        raise ValueError(f"{baseline!r} has several runs with the same {', '.join(keys)}: pair by more keys (by)")
-    rows = kept.join(base.set_index(keys)[column].rename("_baseline"), on=keys, how="inner")
-    return rows.assign(value=rows[column] / rows._baseline)[[arm, *keys, "value"]].reset_index(drop=True)
+    rows = join_baseline(table[~table.broke_down], column, baseline, arm, by)
+    return rows.assign(value=rows[column] / rows.base)[[arm, *keys, "value"]].reset_index(drop=True)
 
 
 def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *, margin: float = 0.05,
@@ -948,8 +962,7 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
            "compare_breakdowns", "complete_seeds", "confident_samples", "curves_by_backbone", "fd_curves",
            "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
-           "gradient_constants", "interaction_claim", "landed", "landing_claim", "output_constants", "paired_claim",
-           "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select", "speed_curves",
-           "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach",
-           "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
-
+           "gradient_constants", "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants",
+           "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select",
+           "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by",
+           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]

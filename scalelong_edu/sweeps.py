@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .evidence import BREAKDOWN_LOSS, MethodSummary, by_method, compare, select
+from .evidence import BREAKDOWN_LOSS, MethodSummary, by_method, compare, join_baseline, select
 from .models import PRESETS
 from .scaling import path_factors
 from .stats import RateTest, mean_se, paired_rates
@@ -99,11 +99,8 @@ def paired_differences(table: pd.DataFrame, column: str, baseline: str = "none",
         ValueError: a (setting, method, seed) with more than one run (:func:`check_one_run_each`).
     """
     check_one_run_each(table, by)
-    keys = [*by, "seed"]
-    base = table[table.method == baseline][[*keys, column]].rename(columns={column: "base"})
-    if base.empty:
-        raise ValueError(f"no runs of the baseline {baseline!r}; methods: {list(dict.fromkeys(table.method))}")
-    pairs = table[table.method != baseline].merge(base, on=keys)
+    pairs = join_baseline(table, column, baseline, by=by)
+    pairs = pairs[pairs.method != baseline]
     return pairs.assign(diff=pairs[column] - pairs.base).drop(columns="base")
 
 

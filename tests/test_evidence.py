@@ -253,6 +253,8 @@ def test_seed_ratios_divide_each_run_by_its_seeds_baseline_at_the_same_setting()
         ["seed", "N"]).index
     with pytest.raises(ValueError, match="pair by more keys"):
         evidence.seed_ratios(table, "loss")  # without N, seed 0 has two baseline runs
+    with pytest.raises(ValueError, match="no runs of the baseline 'LS'"):
+        evidence.seed_ratios(table, "loss", baseline="LS")
     assert evidence.seed_ratios(pd.DataFrame(), "loss").empty
 
 
