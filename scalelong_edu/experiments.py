@@ -348,6 +348,12 @@ EXPERIMENTS: dict[str, Experiment] = {
                                  model_overrides=depth_overrides("uvit", n))
                          for k in (8, 16) for n in (2, 4, 8) for label, method, kappa in METHODS),
                    **{**SWEEP, "fd_points": 0}, seeds=2),
+        Experiment("stability-deep", f"U-ViT, N = 8, at 16x the gentle learning rate, {BREAKDOWN_SEEDS} seeds: none vs "
+                   "1/sqrt(2)-CS vs CS vs LS (the one cell of stability-map where unscaled runs broke down, with "
+                   "the seeds a breakdown rate needs; its first two seeds are the map's runs)",
+                   tuple(RunSpec(f"{label}, N=8, lr x16", "uvit", method, kappa, lr_scale=16,
+                                 model_overrides=depth_overrides("uvit", 8)) for label, method, kappa in METHODS),
+                   **{**SWEEP, "fd_points": 0}, seeds=BREAKDOWN_SEEDS),
     )
 }
 

@@ -30,7 +30,8 @@ QUICK = ex.Experiment("quick", "two tiny runs", (ex.RunSpec("none"), ex.RunSpec(
 NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit", "main-unet", "uvit-lr-sweep",
          "unet-lr-sweep", "stress-search-uvit", "breakdown-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress",
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
-         "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map"]
+         "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
+         "stability-deep"]
 
 
 @pytest.fixture(autouse=True)
@@ -629,6 +630,10 @@ def test_the_runs_that_chapter_8s_trained_experiments_share_are_one_run_each():
     assert not keys["block-output-trained"].keys() & (keys["depth-trained"].keys() | keys["kappa-trained"].keys())
     long = ex.get_experiment("long-uvit")
     assert long.steps(cpu) == cpu.long_steps and len(long.plan(cpu)) == 2 * 6
+    deep, grid = (ex.get_experiment(name) for name in ("stability-deep", "stability-map"))
+    deep_keys = {deep.run_key(run, cpu): run.seed for run in deep.plan(cpu)}
+    reused = deep_keys.keys() & {grid.run_key(run, cpu) for run in grid.plan(cpu)}
+    assert len(deep_keys) == 4 * ex.BREAKDOWN_SEEDS and sorted(deep_keys[k] for k in reused) == [0] * 4 + [1] * 4
     search = ex.get_experiment("stress-search-uvit")
     assert [r.lr_scale for r in search.plan(cpu)[:5]] == list(ex.STRESS_SEARCH) and len(search.plan(cpu)) == 25
     assert {r.method for r in search.runs} == {"none"}
