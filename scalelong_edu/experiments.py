@@ -261,6 +261,13 @@ def _methods(backbone: str, regime: str) -> tuple[RunSpec, ...]:
     return tuple(RunSpec(label, backbone, method, kappa, regime=regime) for label, method, kappa in METHODS)
 
 
+def _map_cells(depths: tuple[int, ...], scales: tuple[int, ...]) -> tuple[RunSpec, ...]:
+    """The U-ViT's four methods at every depth ``N`` and learning-rate multiple of a stability map."""
+    return tuple(RunSpec(f"{label}, N={n}, lr x{k}", "uvit", method, kappa, lr_scale=k,
+                         model_overrides=depth_overrides("uvit", n))
+                 for k in scales for n in depths for label, method, kappa in METHODS)
+
+
 def _lr_sweep(backbone: str, scales: tuple[float, ...] = (1, 4, 8, 16)) -> tuple[RunSpec, ...]:
     return tuple(RunSpec(f"{label}, lr x{k:g}", backbone, method, lr_scale=k)
                  for k in scales for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs")))
@@ -344,16 +351,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                    **LONG),
         Experiment("stability-map", "U-ViT, N = 2, 4, 8, at 8x and 16x the gentle learning rate: none vs "
                    "1/sqrt(2)-CS vs CS vs LS, two seeds (with depth-uvit at 1x, a map of where training holds)",
-                   tuple(RunSpec(f"{label}, N={n}, lr x{k}", "uvit", method, kappa, lr_scale=k,
-                                 model_overrides=depth_overrides("uvit", n))
-                         for k in (8, 16) for n in (2, 4, 8) for label, method, kappa in METHODS),
-                   **{**SWEEP, "fd_points": 0}, seeds=2),
+                   _map_cells((2, 4, 8), (8, 16)), **{**SWEEP, "fd_points": 0}, seeds=2),
         Experiment("stability-deep", f"U-ViT, N = 8, at 16x the gentle learning rate, {BREAKDOWN_SEEDS} seeds: none vs "
                    "1/sqrt(2)-CS vs CS vs LS (the one cell of stability-map where unscaled runs broke down, with "
                    "the seeds a breakdown rate needs; its first two seeds are the map's runs)",
-                   tuple(RunSpec(f"{label}, N=8, lr x16", "uvit", method, kappa, lr_scale=16,
-                                 model_overrides=depth_overrides("uvit", 8)) for label, method, kappa in METHODS),
-                   **{**SWEEP, "fd_points": 0}, seeds=BREAKDOWN_SEEDS),
+                   _map_cells((8,), (16,)), **{**SWEEP, "fd_points": 0}, seeds=BREAKDOWN_SEEDS),
     )
 }
 
