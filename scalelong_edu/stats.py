@@ -295,10 +295,10 @@ class RateTest:
         margin: a rate the paper's effect would have to exceed to matter: *absent* when both
             arms' upper bounds lie below it. ``direction``: ``"less"`` (the treatment has fewer
             events) or ``"greater"``.
-    Properties: ``seeds_needed``, the runs per arm that would decide the claim: those a test of two
-    proportions needs for :data:`POWER` at the observed rates, or at rates ``margin`` apart if the
-    observed ones are closer (statsmodels' ``NormalIndPower`` on Cohen's h; it ignores the
-    pairing, so it errs on the side of more runs); ``verdict`` as for :class:`PairedTest`.
+    Properties: ``seeds_needed``, the pairs that would decide the claim: those the exact McNemar
+    test needs for :data:`POWER` (:func:`mcnemar_pairs_needed`) at the observed share of discordant
+    pairs and their split, or, where the observed rates are closer than ``margin``, at a rate
+    difference of ``margin``; ``verdict`` as for :class:`PairedTest`.
     """
 
     events: tuple[int, int]
@@ -312,14 +312,11 @@ class RateTest:
 
     @property
     def seeds_needed(self) -> int:
-        from statsmodels.stats.power import NormalIndPower
-        from statsmodels.stats.proportion import proportion_effectsize
-
-        base, treat = (k / self.n for k in self.events)
-        if abs(treat - base) < self.margin:
-            treat = base + self.margin if base + self.margin <= 1 else base - self.margin
-        h = abs(float(proportion_effectsize(treat, base)))
-        return max(2, math.ceil(NormalIndPower().solve_power(h, alpha=ALPHA, power=POWER, ratio=1)))
+        share = sum(self.discordant) / self.n
+        if abs(self.estimate) >= self.margin:
+            return mcnemar_pairs_needed(share, max(self.discordant) / sum(self.discordant))
+        share = max(share, self.margin)  # the smallest difference that matters: margin = share (2 towards - 1)
+        return mcnemar_pairs_needed(share, (1 + self.margin / share) / 2)
 
     @property
     def estimate(self) -> float:
@@ -338,6 +335,30 @@ def exact_interval(events: int, runs: int) -> tuple[float, float]:
     from scipy.stats import binomtest
 
     return tuple(float(v) for v in binomtest(events, runs).proportion_ci(method="exact"))
+
+
+def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -> int:
+    """Pairs (at least 2) the exact McNemar test (two-sided, level :data:`ALPHA`) needs for
+    :data:`POWER` when a pair is discordant with probability ``discordant`` and a discordant pair
+    goes one arm's way with probability ``towards``: the smallest ``n`` whose exact power, summed
+    over the binomial number of discordant pairs and, given it, the binomial split, reaches it.
+
+    Raises:
+        ValueError: probabilities outside (0, 1] and [0, 1], or no ``n`` up to ``limit`` has the power.
+    """
+    import numpy as np
+    from scipy.stats import binom
+
+    if not (0 < discordant <= 1 and 0 <= towards <= 1):
+        raise ValueError(f"need 0 < discordant <= 1 and 0 <= towards <= 1, got {discordant}, {towards}")
+    rejects = []  # given d discordant pairs, the probability that the test rejects
+    for n in range(limit + 1):
+        c = np.arange(n + 1)
+        p = np.minimum(1.0, 2 * np.minimum(binom.cdf(c, n, 0.5), binom.sf(c - 1, n, 0.5)))
+        rejects.append(float(binom.pmf(c, n, towards)[p < ALPHA].sum()))
+        if n >= 2 and float(binom.pmf(np.arange(n + 1), n, discordant) @ np.array(rejects)) >= POWER:
+            return n
+    raise ValueError(f"no number of pairs up to {limit} gives the exact McNemar test {POWER:.0%} power here")
 
 
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
@@ -461,4 +482,5 @@ def holm(tests: Sequence[PairedTest | RateTest | TrendTest]) -> list[PairedTest 
 
 
 __all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "TrendTest", "detrended",
-           "holm", "mean_se", "oscillation", "over_seeds", "paired_rates", "paired_test", "seeds_needed", "trend_test"]
+           "holm", "mcnemar_pairs_needed", "mean_se", "oscillation", "over_seeds", "paired_rates", "paired_test",
+           "seeds_needed", "trend_test"]

@@ -11,6 +11,7 @@ from scalelong_edu.stats import (
     VERDICTS,
     MeanSE,
     holm,
+    mcnemar_pairs_needed,
     mean_se,
     detrended,
     oscillation,
@@ -268,12 +269,35 @@ def test_trend_test_refuses_what_is_no_evidence():
 
 
 def test_an_undecided_rate_says_how_many_runs_would_decide_it():
-    from statsmodels.stats.power import NormalIndPower
-    from statsmodels.stats.proportion import proportion_effectsize
-
     test = paired_rates(np.array([0, 0, 1, 0], bool), np.array([1, 0, 1, 1], bool), 0.25)
     assert test.verdict == "undecided"
-    expected = NormalIndPower().solve_power(abs(proportion_effectsize(0.75, 0.25)), alpha=0.05, power=0.8, ratio=1)
-    assert test.seeds_needed == math.ceil(expected)
+    assert test.seeds_needed == mcnemar_pairs_needed(0.5, 1.0)  # 2 of 4 pairs discordant, both one way
     same = paired_rates(np.array([0, 0, 1, 0], bool), np.array([0, 0, 1, 0], bool), 0.25)
+    assert same.seeds_needed == mcnemar_pairs_needed(0.25, 1.0)  # no difference: sized for the margin
     assert same.seeds_needed > test.seeds_needed  # rates a margin apart: harder to tell than 0.25 vs 0.75
+
+
+def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_simulation():
+    from scipy.stats import binom
+
+    # every discordant pair one way: the exact test rejects once 6 pairs disagree (2 / 2^6 < 0.05)
+    known = next(n for n in range(2, 200) if binom.sf(5, n, 0.4) >= 0.8)
+    assert mcnemar_pairs_needed(0.4, 1.0) == known
+    assert mcnemar_pairs_needed(0.4, 0.9) > known > mcnemar_pairs_needed(0.8, 1.0)
+    rng = np.random.default_rng(0)
+    n = mcnemar_pairs_needed(0.5, 0.85)
+
+    def power(pairs: int) -> float:  # breakdowns drawn pair by pair, tested as the book tests them
+        hits = 0
+        for _ in range(2000):
+            disagree = rng.random(pairs) < 0.5
+            treat_only = disagree & (rng.random(pairs) < 0.85)
+            base = disagree & ~treat_only
+            hits += paired_rates(base, treat_only, 0.25).p < 0.05
+        return hits / 2000
+
+    assert power(n) >= 0.77 and power(n - 4) < 0.8
+    with pytest.raises(ValueError, match="discordant"):
+        mcnemar_pairs_needed(0.0, 0.5)
+    with pytest.raises(ValueError, match="no number of pairs"):
+        mcnemar_pairs_needed(0.3, 0.5, limit=50)  # no difference between the arms: no power
