@@ -372,11 +372,12 @@ def plot_breakdown_search(table: pd.DataFrame, threshold: float, chosen: float |
     return ax
 
 
-def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: int, rates: pd.DataFrame,
+def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: Sequence[int], rates: pd.DataFrame,
                          colors: Mapping[str, tuple]) -> Figure:
     """A stress comparison run by run (``run_table`` of ``breakdown-uvit``) and as rates. Left: one
-    row per method in ``labels``, one column per planned seed (``seeds``; the pairs an exact
-    McNemar test compares), a dot for a run that trained, a black cross for one that broke down,
+    row per method in ``labels``, one column per planned seed (``seeds``, e.g. ``range(10)``; the
+    pairs an exact McNemar test compares; more than 12 are labelled every fifth), a dot for a run
+    that trained, a black cross for one that broke down,
     nothing where the run has not landed. Right: each method's breakdown rate with its exact 95%
     interval (``rates``, from :func:`scalelong_edu.evidence.breakdown_rates`), ``broke / runs``
     beside it."""
@@ -392,8 +393,9 @@ def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: int,
             bars.errorbar(r.rate, y, xerr=[[r.rate - r.lo], [r.hi - r.rate]], fmt="o", color=colors[label], capsize=3)
             bars.annotate(f"{int(r.broke)}/{int(r.runs)}", (1.0, y), xycoords=("axes fraction", "data"),
                           xytext=(4, 0), textcoords="offset points", va="center")
-    grid.set_xticks(range(seeds))
-    grid.set_xlim(-0.6, seeds - 0.4)
+    seeds = list(seeds)
+    grid.set_xticks(seeds if len(seeds) <= 12 else [s for s in seeds if s % 5 == 0])
+    grid.set_xlim(min(seeds) - 0.6, max(seeds) + 0.4)
     grid.set_yticks(range(len(labels)), [pretty(label) for label in labels])
     grid.set_ylim(len(labels) - 0.5, -0.5)
     grid.set_xlabel("seed (× = broke down)")

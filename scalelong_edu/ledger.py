@@ -1,7 +1,8 @@
 """The reproduction ledger: every chapter's claims table, collected from the executed chapters.
 
 A chapter ends with :func:`publish`: it decides its claims as one family (Holm's correction over
-the claims that rest on a test, :func:`scalelong_edu.stats.holm`), shows the claims table (verdict
+the claims that rest on a test, :func:`scalelong_edu.stats.holm`; a test declared apart, such as a
+confirmation on fresh seeds, as its own: :attr:`Claim.family`), shows the claims table (verdict
 first, then the paper's claim, what we measured, the margin declared with the claim, raw and
 adjusted p, and for an undecided claim the seeds that would decide it) and glues the same table
 under the name ``claims_ch<N>``. The ledger page does not recompute anything: :func:`collect`
@@ -49,6 +50,10 @@ class Claim:
             at the declared size, once (looking at every partial result and stopping at the first
             significant one would inflate the error rate). The table's last column then says how
             many of the planned pairs have landed.
+        family: the Holm family the claim's test is corrected in: ``""``, the chapter's own; a name
+            for a test declared apart from it, after the chapter's family was decided (e.g. a
+            confirmation on fresh seeds that a pilot row of the family sized), corrected only with the
+            claims of that name. The chapter's error rate is then controlled per family.
     """
 
     chapter: int
@@ -58,6 +63,7 @@ class Claim:
     test: PairedTest | RateTest | TrendTest | None = None
     margin: str = ""
     planned: int = 0
+    family: str = ""
 
     def __post_init__(self):
         if (self.verdict is None) == (self.test is None):
@@ -110,17 +116,18 @@ def claims_table(claims: list[Claim]) -> pd.DataFrame:
 
 
 def decide(claims: list[Claim]) -> list[Claim]:
-    """The claims with the tests among them Holm-corrected as one family (the others unchanged)."""
-    tested = [i for i, c in enumerate(claims) if c.test is not None]
-    adjusted = holm([claims[i].test for i in tested])
+    """The claims with the tests among them Holm-corrected, each :attr:`Claim.family` apart (the
+    others unchanged)."""
     out = list(claims)
-    for i, test in zip(tested, adjusted):
-        out[i] = replace(claims[i], test=test)
+    for family in dict.fromkeys(c.family for c in claims):
+        tested = [i for i, c in enumerate(claims) if c.test is not None and c.family == family]
+        for i, test in zip(tested, holm([claims[i].test for i in tested])):
+            out[i] = replace(claims[i], test=test)
     return out
 
 
 def publish(chapter: int, claims: list[Claim]) -> Styler:
-    """Decide chapter ``chapter``'s claims as one family (:func:`decide`), glue them as
+    """Decide chapter ``chapter``'s claims, one Holm family each (:func:`decide`), glue them as
     ``claims_ch<chapter>`` (the full text, untruncated) and return the table to display, without
     its index, the verdicts coloured."""
     import pandas as pd
@@ -260,8 +267,9 @@ def collect(notebooks: str | Path | Sequence[str | Path]) -> pd.DataFrame:
 
 
 def tally(ledger: pd.DataFrame) -> pd.DataFrame:
-    """How many claims of each chapter got each of the five verdicts, with the family size (the
-    claims Holm-corrected together: those with a p-value); one row per chapter, plus a total."""
+    """How many claims of each chapter got each of the five verdicts, with the claims that rest on
+    a test (those with a p-value, Holm-corrected in the chapter's family or their own); one row per
+    chapter, plus a total."""
     missing = [c for c in ("chapter", "verdict") if c not in ledger.columns]
     if missing:
         raise ValueError(f"the ledger has no {missing[0]!r} column (it has {list(ledger.columns)}): pass the table "

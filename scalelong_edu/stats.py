@@ -337,11 +337,38 @@ def exact_interval(events: int, runs: int) -> tuple[float, float]:
     return tuple(float(v) for v in binomtest(events, runs).proportion_ci(method="exact"))
 
 
+def _mcnemar_rejects(discordant_pairs: int, towards: float) -> float:
+    """The probability that the exact McNemar test (two-sided, level :data:`ALPHA`) rejects on
+    ``discordant_pairs`` pairs that disagree, each going one arm's way with probability ``towards``."""
+    import numpy as np
+    from scipy.stats import binom
+
+    c = np.arange(discordant_pairs + 1)
+    p = np.minimum(1.0, 2 * np.minimum(binom.cdf(c, discordant_pairs, 0.5), binom.sf(c - 1, discordant_pairs, 0.5)))
+    return float(binom.pmf(c, discordant_pairs, towards)[p < ALPHA].sum())
+
+
+def _check_rates(discordant: float, towards: float) -> None:
+    if not (0 <= discordant <= 1 and 0 <= towards <= 1):
+        raise ValueError(f"need 0 <= discordant <= 1 and 0 <= towards <= 1, got {discordant}, {towards}")
+
+
+def mcnemar_power(pairs: int, discordant: float, towards: float) -> float:
+    """The exact power of the McNemar test (two-sided, level :data:`ALPHA`) on ``pairs`` pairs when
+    a pair is discordant with probability ``discordant`` and a discordant pair goes one arm's way
+    with probability ``towards``: summed over the binomial number of discordant pairs."""
+    import numpy as np
+    from scipy.stats import binom
+
+    _check_rates(discordant, towards)
+    rejects = [_mcnemar_rejects(d, towards) for d in range(pairs + 1)]
+    return float(binom.pmf(np.arange(pairs + 1), pairs, discordant) @ np.array(rejects))
+
+
 def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -> int:
-    """Pairs (at least 2) the exact McNemar test (two-sided, level :data:`ALPHA`) needs for
-    :data:`POWER` when a pair is discordant with probability ``discordant`` and a discordant pair
-    goes one arm's way with probability ``towards``: the smallest ``n`` whose exact power, summed
-    over the binomial number of discordant pairs and, given it, the binomial split, reaches it.
+    """Pairs (at least 2) the exact McNemar test needs for :data:`POWER` (:func:`mcnemar_power`):
+    the smallest ``n`` whose power reaches it, the rejection probability of each number of
+    discordant pairs computed once.
 
     Raises:
         ValueError: probabilities outside (0, 1] and [0, 1], or no ``n`` up to ``limit`` has the power.
@@ -349,13 +376,12 @@ def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -
     import numpy as np
     from scipy.stats import binom
 
-    if not (0 < discordant <= 1 and 0 <= towards <= 1):
-        raise ValueError(f"need 0 < discordant <= 1 and 0 <= towards <= 1, got {discordant}, {towards}")
+    _check_rates(discordant, towards)
+    if discordant == 0:
+        raise ValueError("need discordant > 0: pairs that never disagree cannot decide anything")
     rejects = []  # given d discordant pairs, the probability that the test rejects
     for n in range(limit + 1):
-        c = np.arange(n + 1)
-        p = np.minimum(1.0, 2 * np.minimum(binom.cdf(c, n, 0.5), binom.sf(c - 1, n, 0.5)))
-        rejects.append(float(binom.pmf(c, n, towards)[p < ALPHA].sum()))
+        rejects.append(_mcnemar_rejects(n, towards))
         if n >= 2 and float(binom.pmf(np.arange(n + 1), n, discordant) @ np.array(rejects)) >= POWER:
             return n
     raise ValueError(f"no number of pairs up to {limit} gives the exact McNemar test {POWER:.0%} power here")

@@ -301,7 +301,7 @@ def test_plot_breakdown_pairs_puts_each_run_at_its_seed_and_method_and_leaves_mi
     table = pd.DataFrame({"label": ["none", "CS", "none", "CS", "none"], "method": ["none", "CS"] * 2 + ["none"],
                           "seed": [0, 0, 1, 1, 2], "broke_down": [True, False, False, False, True]})
     colors = dict(zip(["none", "CS", "LS"], ["C0", "C1", "C2"]))
-    fig = plot_breakdown_pairs(table, ["none", "CS", "LS"], 4, breakdown_rates(table), colors)
+    fig = plot_breakdown_pairs(table, ["none", "CS", "LS"], range(4), breakdown_rates(table), colors)
     grid, bars = fig.axes
     dots = {tuple(p) for c in grid.collections[0::2] for p in c.get_offsets()}
     crosses = {tuple(p) for c in grid.collections[1::2] for p in c.get_offsets()}
@@ -309,6 +309,9 @@ def test_plot_breakdown_pairs_puts_each_run_at_its_seed_and_method_and_leaves_mi
     assert [t.get_text() for t in grid.get_yticklabels()] == ["none", "CS", "LS"]
     assert list(grid.get_xticks()) == [0, 1, 2, 3]  # the planned seeds, landed or not
     assert [t.get_text() for t in bars.texts] == ["2/3", "0/2"]  # LS has no run yet: no rate
+    later = plot_breakdown_pairs(table.assign(seed=table.seed + 10), ["none", "CS"], range(10, 40),
+                                 breakdown_rates(table), colors).axes[0]
+    assert list(later.get_xticks()) == [10, 15, 20, 25, 30, 35] and later.get_xlim() == (9.4, 39.4)
 
 
 def test_plot_robustness_by_backbone_one_panel_each_and_one_legend():

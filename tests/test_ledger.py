@@ -82,6 +82,10 @@ def test_publish_decides_a_chapters_claims_as_one_holm_family():
     assert decided[-1].decided == "contradicted" and decided[-1].test is None
     table = claims_table(decided)
     assert table["p (Holm)"][0] == f"{marginal.p:.2g} ({4 * marginal.p:.2g})"
+    confirmation = Claim(4, "a, on fresh seeds", "m", test=marginal, family="confirmation")
+    decided = ledger.decide(family + [confirmation])
+    assert decided[0].decided == "undecided" and decided[-1].test.p_holm == marginal.p  # its own family
+    assert decided[-1].decided == "reproduced" and decided[1].test.p_holm == pytest.approx(min(1, 4 * NOISY.p))
 
 
 def test_read_claims_returns_the_full_untruncated_table(tmp_path):

@@ -12,6 +12,7 @@ from scalelong_edu.stats import (
     MeanSE,
     holm,
     mcnemar_pairs_needed,
+    mcnemar_power,
     mean_se,
     detrended,
     oscillation,
@@ -297,6 +298,10 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
         return hits / 2000
 
     assert power(n) >= 0.77 and power(n - 4) < 0.8
+    assert abs(power(n) - mcnemar_power(n, 0.5, 0.85)) < 0.03  # 2000 draws: SE about 0.009
+    assert mcnemar_power(30, 0.4, 1.0) == pytest.approx(binom.sf(5, 30, 0.4))
+    assert mcnemar_power(n, 0.5, 0.85) >= 0.8 > mcnemar_power(n - 1, 0.5, 0.85)
+    assert mcnemar_power(30, 0.0, 0.5) == 0.0  # no pair ever disagrees
     with pytest.raises(ValueError, match="discordant"):
         mcnemar_pairs_needed(0.0, 0.5)
     with pytest.raises(ValueError, match="no number of pairs"):
