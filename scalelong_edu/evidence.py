@@ -409,18 +409,20 @@ def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "non
     return paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin, direction)
 
 
-def landed(name: str, profile: str | None = None) -> pd.DataFrame:
+def landed(name: str, profile: str | None = None, seeds_from: int = 0) -> pd.DataFrame:
     """:func:`run_table` of the runs of experiment ``name`` finished so far
-    (:func:`scalelong_edu.experiments.finished_so_far`), empty while none has: for the claims of an
-    experiment whose runs have not started landing. Trains nothing."""
+    (:func:`scalelong_edu.experiments.finished_so_far`) with a seed of at least ``seeds_from`` (a
+    confirmation's fresh seeds), empty while none has: for the claims of an experiment whose runs
+    have not started landing. Trains nothing."""
     import pandas as pd
 
     from .experiments import finished_so_far
 
     try:
-        return run_table(finished_so_far(name, profile))
+        table = run_table(finished_so_far(name, profile))
     except FileNotFoundError:
         return pd.DataFrame()
+    return table[table.seed >= seeds_from].reset_index(drop=True)
 
 
 def _paired_seeds(table: pd.DataFrame, treatment: str, baseline: str, where: dict, arm: str = "method"
@@ -493,19 +495,20 @@ def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str
 
 
 def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: str, planned: int, *,
-                    baseline: str = "none", margin: float = 0.25, **where: object) -> Claim:
+                    baseline: str = "none", margin: float = 0.25, family: str = "", **where: object) -> Claim:
     """The claims-table line of "``treatment`` breaks down less often than ``baseline``"
     (:func:`compare_breakdowns`, exact McNemar) on the seeds both arms have finished out of the
-    ``planned`` ones, *undecided* until all have landed."""
+    ``planned`` ones, *undecided* until all have landed; in the Holm ``family`` given
+    (:attr:`scalelong_edu.ledger.Claim.family`: a declared confirmation is its own)."""
     from .ledger import Claim
     from .plotting import pretty
 
     rows = _paired_seeds(table, treatment, baseline, where)
     if rows.empty:
-        return landing_claim(chapter, paper, 0, planned)
+        return replace(landing_claim(chapter, paper, 0, planned), family=family)
     test = compare_breakdowns(rows, treatment, baseline, margin=margin, **where)
     return Claim(chapter, paper, f"broke down: {rate_text(test, (pretty(baseline), pretty(treatment)))}; McNemar",
-                 test=test, margin=f"{margin:.0%} of runs", planned=planned)
+                 test=test, margin=f"{margin:.0%} of runs", planned=planned, family=family)
 
 
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:

@@ -365,6 +365,16 @@ def mcnemar_power(pairs: int, discordant: float, towards: float) -> float:
     return float(binom.pmf(np.arange(pairs + 1), pairs, discordant) @ np.array(rejects))
 
 
+def rates_power(pairs: int, baseline: float, treatment: float) -> float:
+    """:func:`mcnemar_power` on ``pairs`` pairs whose two runs have the event independently, with
+    probabilities ``baseline`` and ``treatment``: a pair disagrees with probability
+    ``b (1 - t) + t (1 - b)``, towards the treatment with ``t (1 - b)`` of it (no power when no pair
+    can disagree). For sizing a confirmation on a pilot's rates."""
+    _check_rates(baseline, treatment)
+    discordant = treatment * (1 - baseline) + baseline * (1 - treatment)
+    return mcnemar_power(pairs, discordant, treatment * (1 - baseline) / discordant) if discordant else 0.0
+
+
 def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -> int:
     """Pairs (at least 2) the exact McNemar test needs for :data:`POWER` (:func:`mcnemar_power`):
     the smallest ``n`` whose power reaches it, the rejection probability of each number of

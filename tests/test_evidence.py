@@ -372,7 +372,9 @@ def test_claims_on_landing_runs_use_only_the_finished_pairs_and_stay_undecided_u
     assert early.test is None and early.landing and early.measured == "runs landing: 1 of 4 seeds"
     rates = evidence.breakdown_claim(3, "CS breaks down less", _paired_table([(1.0, 0.5)] * 8, broke=range(8)),
                                      "CS", planned=8)
-    assert rates.decided == "reproduced" and rates.measured.startswith("broke down: none 8/8")
+    assert rates.decided == "reproduced" and rates.measured.startswith("broke down: none 8/8") and rates.family == ""
+    confirmation = evidence.breakdown_claim(3, "CS breaks down less", full.iloc[:1], "CS", planned=8, family="c")
+    assert confirmation.family == "c" and confirmation.landing
     assert evidence.breakdown_claim(3, "CS breaks down less", full.iloc[:1], "CS", planned=8).test is None
     nothing = evidence.paired_claim(3, "CS lowers the loss", pd.DataFrame(), "loss", "CS", planned=4, N=8)
     assert nothing.landing and nothing.measured == "runs landing: 0 of 4 seeds"
@@ -405,6 +407,17 @@ def test_interaction_claim_compares_a_methods_ratio_between_two_settings_seed_by
 def test_landed_is_empty_before_any_run_of_an_experiment_has_finished(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALELONG_RESULTS", str(tmp_path))
     assert evidence.landed("long-uvit", "ci").empty
+
+
+def test_landed_keeps_a_confirmations_fresh_seeds(monkeypatch):
+    from scalelong_edu import experiments
+
+    table = _paired_table([(1.0, 0.5)] * 4)
+    monkeypatch.setattr(experiments, "finished_so_far", lambda name, profile=None: name)
+    monkeypatch.setattr(evidence, "run_table", lambda result: table)
+    fresh = evidence.landed("breakdown-confirm", "ci", seeds_from=2)
+    assert sorted(fresh.seed.unique()) == [2, 3] and len(fresh) == 4 and list(fresh.index) == [0, 1, 2, 3]
+    assert evidence.landed("breakdown-confirm", "ci").equals(table)
 
 
 def test_breakdown_rates_count_per_method_with_exact_intervals():

@@ -13,6 +13,7 @@ from scalelong_edu.stats import (
     holm,
     mcnemar_pairs_needed,
     mcnemar_power,
+    rates_power,
     mean_se,
     detrended,
     oscillation,
@@ -302,6 +303,10 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
     assert mcnemar_power(30, 0.4, 1.0) == pytest.approx(binom.sf(5, 30, 0.4))
     assert mcnemar_power(n, 0.5, 0.85) >= 0.8 > mcnemar_power(n - 1, 0.5, 0.85)
     assert mcnemar_power(30, 0.0, 0.5) == 0.0  # no pair ever disagrees
+    # the declared confirmations' sizes (experiments.CONFIRM_SEEDS): their pilots' rates
+    assert rates_power(30, 0.6, 1.0) == pytest.approx(binom.sf(5, 30, 0.4)) and rates_power(30, 0.6, 1.0) > 0.99
+    assert round(rates_power(30, 0.6, 0.95), 2) == 0.88 and round(rates_power(24, 0.2, 0.7), 2) == 0.91
+    assert rates_power(10, 1.0, 1.0) == 0.0
     with pytest.raises(ValueError, match="discordant"):
         mcnemar_pairs_needed(0.0, 0.5)
     with pytest.raises(ValueError, match="no number of pairs"):
