@@ -33,7 +33,7 @@ from torch import Tensor
 from .diffusion import DiscreteSchedule, q_sample
 from .profiles import PROFILES
 from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, exact_interval, mean_se, oscillation,
-                    paired_rates, paired_test, trend_test)
+                    paired_rates, paired_test, rates_power, trend_test)
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -511,6 +511,69 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
                  test=test, margin=f"{margin:.0%} of runs", planned=planned, family=family)
 
 
+@dataclass(frozen=True)
+class ConfirmationRuns:
+    """The fresh seeds of a declared confirmation (:data:`scalelong_edu.experiments.CONFIRMATIONS`)
+    finished so far, and the power it was declared with (:func:`confirmation`).
+
+    Attributes:
+        name, treatment, baseline: the experiment and the two arms' method labels.
+        seeds: the declared fresh seeds; ``fresh``: :func:`run_table` of those both arms have
+            finished so far (:func:`complete_seeds`).
+        power: the exact McNemar test's power on ``len(seeds)`` pairs at the pilot's rates;
+            ``cautious_power`` if the treatment breaks down at the declaration's ``cautious`` rate.
+    """
+
+    name: str
+    treatment: str
+    baseline: str
+    seeds: range
+    fresh: pd.DataFrame
+    power: float
+    cautious: float
+    cautious_power: float
+
+    def rates(self) -> pd.DataFrame:
+        """:func:`breakdown_rates` of the fresh seeds landed so far."""
+        return breakdown_rates(self.fresh)
+
+    def claim(self, chapter: int, paper: str) -> Claim:
+        """The confirmation's claims-table line: :func:`breakdown_claim` on the fresh seeds, in the
+        Holm family ``"confirmation"``, undecided until all of them have landed."""
+        return breakdown_claim(chapter, paper, self.fresh, self.treatment, len(self.seeds), baseline=self.baseline,
+                               family="confirmation")
+
+    def glue_values(self, decided: Claim) -> dict[str, object]:
+        """What a chapter's prose quotes, by name: the fresh seeds (``seeds``, ``first``, ``last``),
+        the declared power in percent (``power``, ``cautious_power`` at ``cautious_rate``), each arm's
+        breakdowns (``baseline``, ``treatment``: "k of n", or "no run yet") and the ``decided``
+        claim's raw ``p`` and ``verdict``."""
+        rates = self.rates() if len(self.fresh) else None
+        counts = {arm: "no run yet" if rates is None or label not in rates.index else
+                  f"{rates.broke[label]:.0f} of {rates.runs[label]:.0f}"
+                  for arm, label in (("baseline", self.baseline), ("treatment", self.treatment))}
+        return {"seeds": len(self.seeds), "first": self.seeds[0], "last": self.seeds[-1], "power": 100 * self.power,
+                "cautious_power": 100 * self.cautious_power, "cautious_rate": 100 * self.cautious, **counts,
+                "p": decided.test.p if decided.test else math.nan, "verdict": decided.decided}
+
+
+def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str = "none",
+                 profile: str | None = None) -> ConfirmationRuns:
+    """The declared confirmation ``name`` of the breakdown rates in ``pilot`` (:func:`run_table` of
+    its pilot experiment), ``treatment`` against ``baseline``: its fresh seeds landed so far, and the
+    power its declaration gives at the pilot's rates (:func:`scalelong_edu.stats.rates_power`)."""
+    from .experiments import BREAKDOWN_SEEDS, CONFIRMATIONS
+
+    declared = CONFIRMATIONS[name]
+    seeds = range(BREAKDOWN_SEEDS, BREAKDOWN_SEEDS + declared.fresh)
+    rates = breakdown_rates(pilot)
+    rate = rates.broke / rates.runs
+    fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
+    return ConfirmationRuns(name, treatment, baseline, seeds, fresh,
+                            rates_power(declared.fresh, rate[baseline], rate[treatment]), declared.cautious,
+                            rates_power(declared.fresh, rate[baseline], declared.cautious))
+
+
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
     """The rows of ``table`` whose columns equal the given values, e.g. ``select(t, N=8, method="LS")``
     (none of an empty table, e.g. :func:`landed` before any run has finished)."""
@@ -961,9 +1024,9 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)[["label", "seed", "kappa", "level", "r2"]]
 
 
-__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "MethodSummary",
-           "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
-           "compare_breakdowns", "complete_seeds", "confident_samples", "curves_by_backbone", "fd_curves",
+__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
+           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
+           "compare_breakdowns", "complete_seeds", "confirmation", "confident_samples", "curves_by_backbone", "fd_curves",
            "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
            "gradient_constants", "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants",
            "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select",

@@ -420,6 +420,32 @@ def test_landed_keeps_a_confirmations_fresh_seeds(monkeypatch):
     assert evidence.landed("breakdown-confirm", "ci").equals(table)
 
 
+def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatch):
+    from scalelong_edu import ledger
+    from scalelong_edu.experiments import BREAKDOWN_SEEDS, CONFIRMATIONS
+    from scalelong_edu.stats import rates_power
+
+    pilot = _paired_table([(1.0, 0.5)] * 10, broke=range(4))  # none 4 of 10, CS 0 of 10
+    runs = _paired_table([(1.0, 0.5)] * 40, broke=range(0, 40, 2))  # fresh: none breaks down in 15 of 30
+    monkeypatch.setattr(evidence, "run_table", lambda result: runs)
+    monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", lambda name, profile=None: name)
+    confirm = evidence.confirmation("stability-confirm", pilot, "CS")
+    declared = CONFIRMATIONS["stability-confirm"]
+    assert confirm.seeds == range(BREAKDOWN_SEEDS, BREAKDOWN_SEEDS + declared.fresh)
+    assert set(confirm.fresh.seed) == set(confirm.seeds)  # the pilot's seeds are not tested again
+    assert confirm.power == rates_power(declared.fresh, 0.4, 0.0)
+    assert confirm.cautious_power == rates_power(declared.fresh, 0.4, declared.cautious)
+    claim = confirm.claim(8, "CS breaks down less often")
+    assert claim.family == "confirmation" and claim.test.discordant == (15, 0) and not claim.landing
+    values = confirm.glue_values(ledger.decide([claim])[0])
+    assert values["baseline"] == "15 of 30" and values["treatment"] == "0 of 30" and values["verdict"] == "reproduced"
+    assert (values["first"], values["last"], values["p"]) == (10, 39, claim.test.p)
+    monkeypatch.setattr(evidence, "run_table", lambda result: runs.iloc[:41])  # seed 20 has none's run only
+    landing = evidence.confirmation("stability-confirm", pilot, "CS")
+    assert landing.claim(8, "CS breaks down less often").landing and set(landing.fresh.seed) == set(range(10, 20))
+    assert landing.glue_values(landing.claim(8, "CS"))["baseline"] == "5 of 10"  # complete pairs only
+
+
 def test_breakdown_rates_count_per_method_with_exact_intervals():
     rates = evidence.breakdown_rates(_paired_table([(1.0, 0.5)] * 10, broke=range(5)))
     assert list(rates.index) == ["none", "CS"]

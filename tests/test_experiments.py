@@ -635,12 +635,12 @@ def test_the_runs_that_chapter_8s_trained_experiments_share_are_one_run_each():
     deep_keys = {deep.run_key(run, cpu): run.seed for run in deep.plan(cpu)}
     reused = deep_keys.keys() & {grid.run_key(run, cpu) for run in grid.plan(cpu)}
     assert len(deep_keys) == 4 * ex.BREAKDOWN_SEEDS and sorted(deep_keys[k] for k in reused) == [0] * 4 + [1] * 4
-    for name, pilot_name in (("stability-confirm", "stability-deep"), ("breakdown-confirm", "breakdown-uvit")):
-        confirm, pilot_of = ex.get_experiment(name), ex.get_experiment(pilot_name)
+    for name, declared in ex.CONFIRMATIONS.items():
+        confirm, pilot_of = ex.get_experiment(name), ex.get_experiment(declared.pilot)
         pilot_keys = {pilot_of.run_key(run, cpu) for run in pilot_of.plan(cpu)}
         pilot = [(run.method, run.seed) for run in confirm.plan(cpu) if confirm.run_key(run, cpu) in pilot_keys]
         assert sorted(pilot) == sorted((m, s) for m in ("cs", "none") for s in range(ex.BREAKDOWN_SEEDS))
-        assert len(confirm.plan(cpu)) == 2 * (ex.BREAKDOWN_SEEDS + ex.CONFIRM_SEEDS[name])
+        assert len(confirm.plan(cpu)) == 2 * (ex.BREAKDOWN_SEEDS + declared.fresh)
     search = ex.get_experiment("stress-search-uvit")
     assert [r.lr_scale for r in search.plan(cpu)[:5]] == list(ex.STRESS_SEARCH) and len(search.plan(cpu)) == 25
     assert {r.method for r in search.runs} == {"none"}
