@@ -534,7 +534,7 @@ class ConfirmationRuns:
     cautious_power: float
 
     def rates(self) -> pd.DataFrame:
-        """:func:`breakdown_rates` of the fresh seeds landed so far."""
+        """:func:`breakdown_rates` of the fresh seeds finished so far (not of an empty ``fresh``)."""
         return breakdown_rates(self.fresh)
 
     def claim(self, chapter: int, paper: str) -> Claim:
@@ -544,16 +544,18 @@ class ConfirmationRuns:
                                family="confirmation")
 
     def glue_values(self, decided: Claim) -> dict[str, object]:
-        """What a chapter's prose quotes, by name: the fresh seeds (``seeds``, ``first``, ``last``),
-        the declared power in percent (``power``, ``cautious_power`` at ``cautious_rate``), each arm's
-        breakdowns (``baseline``, ``treatment``: "k of n", or "no run yet") and the ``decided``
-        claim's raw ``p`` and ``verdict``."""
-        rates = self.rates() if len(self.fresh) else None
-        counts = {arm: "no run yet" if rates is None or label not in rates.index else
-                  f"{rates.broke[label]:.0f} of {rates.runs[label]:.0f}"
+        """What a chapter's prose quotes, by name: the fresh seeds (``seeds``, ``first``, ``last``,
+        and ``landed``, those both arms have finished), the declared power in percent (``power``;
+        ``cautious_power`` at ``cautious_rate``), each arm's breakdowns (``baseline``,
+        ``treatment``: "k of n", or "no run yet"), and the ``decided`` claim's raw ``p`` and
+        ``verdict``."""
+        landed = self.fresh.seed.nunique() if len(self.fresh) else 0
+        rates = self.rates() if landed else None
+        counts = {arm: f"{rates.broke[label]:.0f} of {rates.runs[label]:.0f}" if landed else "no run yet"
                   for arm, label in (("baseline", self.baseline), ("treatment", self.treatment))}
-        return {"seeds": len(self.seeds), "first": self.seeds[0], "last": self.seeds[-1], "power": 100 * self.power,
-                "cautious_power": 100 * self.cautious_power, "cautious_rate": 100 * self.cautious, **counts,
+        return {"seeds": len(self.seeds), "first": self.seeds[0], "last": self.seeds[-1], "landed": landed,
+                "power": 100 * self.power, "cautious_power": 100 * self.cautious_power,
+                "cautious_rate": 100 * self.cautious, **counts,
                 "p": decided.test.p if decided.test else math.nan, "verdict": decided.decided}
 
 
