@@ -219,6 +219,8 @@ test checks that the rule still picks it)."""
 BREAKDOWN_SEEDS = 10
 """Seeds per method of the stress comparison (``breakdown-uvit``): breakdowns are a rate, counted
 on runs paired by seed."""
+
+
 @dataclass(frozen=True)
 class Confirmation:
     """A confirmation of a pilot's breakdown rates, CS against no scaling, declared before any of

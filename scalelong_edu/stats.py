@@ -348,9 +348,10 @@ def _mcnemar_rejects(discordant_pairs: int, towards: float) -> float:
     return float(binom.pmf(c, discordant_pairs, towards)[p < ALPHA].sum())
 
 
-def _check_rates(discordant: float, towards: float) -> None:
-    if not (0 <= discordant <= 1 and 0 <= towards <= 1):
-        raise ValueError(f"need 0 <= discordant <= 1 and 0 <= towards <= 1, got {discordant}, {towards}")
+def _check_probabilities(**values: float) -> None:
+    outside = {name: value for name, value in values.items() if not 0 <= value <= 1}
+    if outside:
+        raise ValueError(f"probabilities must lie in [0, 1], got {outside}")
 
 
 def mcnemar_power(pairs: int, discordant: float, towards: float) -> float:
@@ -360,7 +361,7 @@ def mcnemar_power(pairs: int, discordant: float, towards: float) -> float:
     import numpy as np
     from scipy.stats import binom
 
-    _check_rates(discordant, towards)
+    _check_probabilities(discordant=discordant, towards=towards)
     rejects = [_mcnemar_rejects(d, towards) for d in range(pairs + 1)]
     return float(binom.pmf(np.arange(pairs + 1), pairs, discordant) @ np.array(rejects))
 
@@ -370,7 +371,7 @@ def rates_power(pairs: int, baseline: float, treatment: float) -> float:
     probabilities ``baseline`` and ``treatment``: a pair disagrees with probability
     ``b (1 - t) + t (1 - b)``, towards the treatment with ``t (1 - b)`` of it (no power when no pair
     can disagree). For sizing a confirmation on a pilot's rates."""
-    _check_rates(baseline, treatment)
+    _check_probabilities(baseline=baseline, treatment=treatment)
     discordant = treatment * (1 - baseline) + baseline * (1 - treatment)
     return mcnemar_power(pairs, discordant, treatment * (1 - baseline) / discordant) if discordant else 0.0
 
@@ -386,7 +387,7 @@ def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -
     import numpy as np
     from scipy.stats import binom
 
-    _check_rates(discordant, towards)
+    _check_probabilities(discordant=discordant, towards=towards)
     if discordant == 0:
         raise ValueError("need discordant > 0: pairs that never disagree cannot decide anything")
     rejects = []  # given d discordant pairs, the probability that the test rejects

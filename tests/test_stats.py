@@ -307,6 +307,8 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
     assert rates_power(30, 0.6, 1.0) == pytest.approx(binom.sf(5, 30, 0.4)) and rates_power(30, 0.6, 1.0) > 0.99
     assert round(rates_power(30, 0.6, 0.95), 2) == 0.88 and round(rates_power(24, 0.2, 0.7), 2) == 0.91
     assert rates_power(10, 1.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="baseline"):
+        rates_power(10, 1.5, 0.5)  # a percentage where a probability belongs
     with pytest.raises(ValueError, match="discordant"):
         mcnemar_pairs_needed(0.0, 0.5)
     with pytest.raises(ValueError, match="no number of pairs"):
