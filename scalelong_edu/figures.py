@@ -376,24 +376,25 @@ def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: Sequ
                          colors: Mapping[str, tuple]) -> Figure:
     """A stress comparison run by run (``run_table`` of ``breakdown-uvit``) and as rates. Left: one
     row per method in ``labels``, one column per planned seed (``seeds``, e.g. ``range(10)``; the
-    pairs an exact McNemar test compares; more than 12 are labelled every fifth), a dot for a run
-    that trained, a black cross for one that broke down,
+    pairs an exact McNemar test compares; more than 12 are labelled every fifth and drawn smaller),
+    a dot for a run that trained, a black cross for one that broke down,
     nothing where the run has not landed. Right: each method's breakdown rate with its exact 95%
     interval (``rates``, from :func:`scalelong_edu.evidence.breakdown_rates`), ``broke / runs``
     beside it."""
+    seeds = list(seeds)
+    size = min(1.0, 12 / len(seeds))  # markers shrink as the columns crowd
     fig, (grid, bars) = plt.subplots(1, 2, figsize=(7.0, 0.5 * len(labels) + 1.4), sharey=True,
                                      gridspec_kw={"width_ratios": (3, 2)})
     for y, label in enumerate(labels):
         mine = table[table.label == label]
         trained, broke = mine.seed[~mine.broke_down], mine.seed[mine.broke_down]
-        grid.scatter(trained, np.full(len(trained), y), s=34, color=colors[label], zorder=3)
-        grid.scatter(broke, np.full(len(broke), y), marker="x", s=50, lw=2, color="k", zorder=3)
+        grid.scatter(trained, np.full(len(trained), y), s=34 * size, color=colors[label], zorder=3)
+        grid.scatter(broke, np.full(len(broke), y), marker="x", s=50 * size, lw=1 + size, color="k", zorder=3)
         if len(mine):
             r = rates.loc[mine.method.iloc[0]]
             bars.errorbar(r.rate, y, xerr=[[r.rate - r.lo], [r.hi - r.rate]], fmt="o", color=colors[label], capsize=3)
             bars.annotate(f"{int(r.broke)}/{int(r.runs)}", (1.0, y), xycoords=("axes fraction", "data"),
                           xytext=(4, 0), textcoords="offset points", va="center")
-    seeds = list(seeds)
     grid.set_xticks(seeds if len(seeds) <= 12 else [s for s in seeds if s % 5 == 0])
     grid.set_xlim(min(seeds) - 0.6, max(seeds) + 0.4)
     grid.set_yticks(range(len(labels)), [pretty(label) for label in labels])
