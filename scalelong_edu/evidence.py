@@ -519,7 +519,7 @@ class ConfirmationRuns:
     Attributes:
         name, treatment, baseline: the experiment and the two arms' method labels.
         seeds: the declared fresh seeds; ``fresh``: :func:`run_table` of those both arms have
-            finished so far (:func:`complete_seeds`).
+            finished so far (:func:`complete_seeds`; the pilot's columns and no rows before any has).
         power: the exact McNemar test's power on ``len(seeds)`` pairs at the pilot's rates;
             ``cautious_power`` if the treatment breaks down at the declaration's ``cautious`` rate.
     """
@@ -534,7 +534,7 @@ class ConfirmationRuns:
     cautious_power: float
 
     def rates(self) -> pd.DataFrame:
-        """:func:`breakdown_rates` of the fresh seeds finished so far (not of an empty ``fresh``)."""
+        """:func:`breakdown_rates` of the fresh seeds finished so far (no rows before any has)."""
         return breakdown_rates(self.fresh)
 
     def claim(self, chapter: int, paper: str) -> Claim:
@@ -549,8 +549,8 @@ class ConfirmationRuns:
         ``cautious_power`` at ``cautious_rate``), each arm's breakdowns (``baseline``,
         ``treatment``: "k of n", or "no run yet"), and the ``decided`` claim's raw ``p`` and
         ``verdict``."""
-        landed = self.fresh.seed.nunique() if len(self.fresh) else 0
-        rates = self.rates() if landed else None
+        landed = self.fresh.seed.nunique()
+        rates = self.rates()
         counts = {arm: f"{rates.broke[label]:.0f} of {rates.runs[label]:.0f}" if landed else "no run yet"
                   for arm, label in (("baseline", self.baseline), ("treatment", self.treatment))}
         return {"seeds": len(self.seeds), "first": self.seeds[0], "last": self.seeds[-1], "landed": landed,
@@ -571,6 +571,8 @@ def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str =
     rates = breakdown_rates(pilot)
     rate = rates.broke / rates.runs
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
+    if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
+        fresh = pilot.iloc[:0]
     return ConfirmationRuns(name, treatment, baseline, seeds, fresh,
                             rates_power(declared.fresh, rate[baseline], rate[treatment]), declared.cautious,
                             rates_power(declared.fresh, rate[baseline], declared.cautious))

@@ -439,12 +439,21 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     assert claim.family == "confirmation" and claim.test.discordant == (15, 0) and not claim.landing
     values = confirm.glue_values(ledger.decide([claim])[0])
     assert values["baseline"] == "15 of 30" and values["treatment"] == "0 of 30" and values["verdict"] == "reproduced"
-    assert (values["first"], values["last"], values["p"]) == (10, 39, claim.test.p)
+    assert (values["first"], values["last"], values["p"], values["landed"]) == (10, 39, claim.test.p, 30)
     monkeypatch.setattr(evidence, "run_table", lambda result: runs.iloc[:41])  # seed 20 has none's run only
     landing = evidence.confirmation("stability-confirm", pilot, "CS")
     assert landing.claim(8, "CS breaks down less often").landing and set(landing.fresh.seed) == set(range(10, 20))
     partial = landing.glue_values(landing.claim(8, "CS"))
-    assert partial["baseline"] == "5 of 10" and partial["landed"] == 10 and values["landed"] == 30  # complete pairs
+    assert partial["baseline"] == "5 of 10" and partial["landed"] == 10  # complete pairs
+
+    def nothing_yet(name, profile=None):
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", nothing_yet)
+    unstarted = evidence.confirmation("stability-confirm", pilot, "CS")
+    assert unstarted.fresh.empty and list(unstarted.fresh.columns) == list(pilot.columns)  # plots as empty
+    values = unstarted.glue_values(unstarted.claim(8, "CS"))
+    assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "undecided")
 
 
 def test_breakdown_rates_count_per_method_with_exact_intervals():
