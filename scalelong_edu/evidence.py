@@ -321,7 +321,7 @@ def seed_ratios(table: pd.DataFrame, column: str, baseline: object = "none", arm
 
 
 def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *, margin: float = 0.05,
-            direction: str = "less", log: bool = True, pair_by: Sequence[str] = ("seed",),
+            direction: str = "less", log: bool = True, share: bool = False, pair_by: Sequence[str] = ("seed",),
             **where: object) -> PairedTest:
     """Claim "``treatment`` moves ``column`` in ``direction`` relative to ``baseline``", tested on
     the runs of :func:`run_table` paired by seed (:func:`scalelong_edu.stats.paired_test`).
@@ -332,7 +332,8 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
     losses, oscillations, distances: positive quantities whose effects are multiplicative) tests
     ``log(treatment / baseline)`` with margin ``log(1 + margin)``: ``margin=0.05`` declares that an
     effect smaller than 5% of the baseline does not matter. ``log=False`` tests the difference
-    with ``margin`` in the column's units.
+    with ``margin`` in the column's units. ``share=True`` (a share strictly between 0 and 1)
+    tests the difference of logits, a log odds ratio, with margin ``log(1 + margin)`` on the odds.
 
     Raises:
         ValueError: no such runs, a duplicated (setting, method, seed), unpaired seeds, or a
@@ -362,6 +363,10 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
         raise ValueError(f"seeds {broken} broke down or diverged under {baseline!r} or {treatment!r}: they are outcomes; "
                          "test them with compare_breakdowns, and compare the rest only if the claim is about them")
     base, treat = (arms[m].loc[seeds, column].to_numpy(dtype=float) for m in (baseline, treatment))
+    if share:
+        from scipy.special import logit
+
+        return paired_test(logit(base), logit(treat), math.log1p(margin), direction)
     if log:
         return paired_test(np.log(base), np.log(treat), math.log1p(margin), direction)
     return paired_test(base, treat, margin, direction)
@@ -446,10 +451,10 @@ def landing_claim(chapter: int, paper: str, landed: int, planned: int, unit: str
 
 def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, planned: int, *,
                  baseline: str = "none", margin: float = 0.05, direction: str = "less", log: bool = True,
-                 what: str = "", **where: object) -> Claim:
+                 share: bool = False, what: str = "", **where: object) -> Claim:
     """The claims-table line of "``treatment`` moves ``column`` in ``direction``" (:func:`compare`,
-    ``margin`` and ``log`` as there; the measured text is :func:`ratio_text`, which for a difference
-    of logits reads as an odds ratio), on the seeds both arms have finished out of the ``planned``
+    ``margin``, ``log`` and ``share`` as there; the measured text is :func:`ratio_text`, which for a
+    share reads as an odds ratio, and the margin reads e.g. "5% (odds)"), on the seeds both arms have finished out of the ``planned``
     ones: *undecided* until all have landed (:class:`scalelong_edu.ledger.Claim`), and without a
     test while fewer than two have."""
     from .ledger import Claim
@@ -458,9 +463,10 @@ def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, tre
     n = rows.seed.nunique()
     if n < 2:
         return landing_claim(chapter, paper, n, planned)
-    test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, **where)
-    return Claim(chapter, paper, ratio_text(test, what), test=test, margin=f"{margin:.0%}" if log else f"{margin:g}",
-                 planned=planned)
+    test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, share=share,
+                   **where)
+    shown = f"{margin:.0%} (odds)" if share else f"{margin:.0%}" if log else f"{margin:g}"
+    return Claim(chapter, paper, ratio_text(test, what), test=test, margin=shown, planned=planned)
 
 
 def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, baseline: str,
@@ -568,8 +574,7 @@ def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str =
 
     declared = CONFIRMATIONS[name]
     seeds = range(BREAKDOWN_SEEDS, BREAKDOWN_SEEDS + declared.fresh)
-    rates = breakdown_rates(pilot)
-    rate = rates.broke / rates.runs
+    rate = breakdown_rates(pilot).rate
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
     if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
         fresh = pilot.iloc[:0]

@@ -358,11 +358,17 @@ def mcnemar_power(pairs: int, discordant: float, towards: float) -> float:
     """The exact power of the McNemar test (two-sided, level :data:`ALPHA`) on ``pairs`` pairs when
     a pair is discordant with probability ``discordant`` and a discordant pair goes one arm's way
     with probability ``towards``: summed over the binomial number of discordant pairs."""
+    _check_probabilities(discordant=discordant, towards=towards)
+    return _power([_mcnemar_rejects(d, towards) for d in range(pairs + 1)], discordant)
+
+
+def _power(rejects: list[float], discordant: float) -> float:
+    """The power on ``len(rejects) - 1`` pairs, given the rejection probability for each number
+    of discordant pairs (:func:`_mcnemar_rejects`)."""
     import numpy as np
     from scipy.stats import binom
 
-    _check_probabilities(discordant=discordant, towards=towards)
-    rejects = [_mcnemar_rejects(d, towards) for d in range(pairs + 1)]
+    pairs = len(rejects) - 1
     return float(binom.pmf(np.arange(pairs + 1), pairs, discordant) @ np.array(rejects))
 
 
@@ -384,16 +390,13 @@ def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -
     Raises:
         ValueError: probabilities outside (0, 1] and [0, 1], or no ``n`` up to ``limit`` has the power.
     """
-    import numpy as np
-    from scipy.stats import binom
-
     _check_probabilities(discordant=discordant, towards=towards)
     if discordant == 0:
         raise ValueError("need discordant > 0: pairs that never disagree cannot decide anything")
     rejects = []  # given d discordant pairs, the probability that the test rejects
     for n in range(limit + 1):
         rejects.append(_mcnemar_rejects(n, towards))
-        if n >= 2 and float(binom.pmf(np.arange(n + 1), n, discordant) @ np.array(rejects)) >= POWER:
+        if n >= 2 and _power(rejects, discordant) >= POWER:
             return n
     raise ValueError(f"no number of pairs up to {limit} gives the exact McNemar test {POWER:.0%} power here")
 
