@@ -1052,10 +1052,11 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
 
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
-           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
-           "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confident_samples",
-           "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
-           "gradient_constants", "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants",
-           "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select",
-           "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by",
-           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method",
+           "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confident_samples",
+           "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
+           "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline", "landed",
+           "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
+           "run_table", "seed_ratios", "select", "speed_curves", "speed_target", "speedup", "speedup_claim",
+           "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
+           "trajectory", "trend", "xt_norm_ratio"]

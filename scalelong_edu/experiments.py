@@ -162,7 +162,8 @@ class Experiment:
         return run_key(self._settings(), self._sizes(profile), asdict(run))
 
     def _settings(self) -> dict[str, Any]:
-        settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "first_seed", "step_fraction", "long")}
+        settings = {k: v for k, v in asdict(self).items()
+                    if k not in ("runs", "seeds", "first_seed", "step_fraction", "long")}
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
@@ -427,12 +428,14 @@ EXPERIMENTS: dict[str, Experiment] = {
         _confirmation("stability-confirm", "U-ViT, N = 8, at 16x the gentle learning rate: none vs CS (kappa=0.5)",
                       tuple(r for r in _map_cells((8,), (16,)) if r.method in ("none", "cs")),
                       **{**SWEEP, "fd_points": 0}),
-        _confirmation("breakdown-confirm", f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs CS (kappa=0.5)",
+        _confirmation("breakdown-confirm",
+                      f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs CS (kappa=0.5)",
                       (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),
                        RunSpec(METHODS[2][0], "uvit", METHODS[2][1], METHODS[2][2], lr_scale=STRESS_SCALE)),
                       **STRESS),
         _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
-                      tuple(RunSpec(label, "unet", method, kappa) for label, method, kappa in (METHODS[0], METHODS[2])),
+                      tuple(RunSpec(label, "unet", method, kappa)
+                            for label, method, kappa in (METHODS[0], METHODS[2])),
                       end_probes=False),
         _confirmation("depth-confirm", "U-ViT with N = 8, full steps: none vs 1/sqrt(2)-CS vs CS (kappa=0.5)",
                       tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
