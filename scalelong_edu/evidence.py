@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -414,17 +414,18 @@ def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "non
     return paired_rates(arms[0].loc[order].to_numpy(bool), arms[1].loc[order].to_numpy(bool), margin, direction)
 
 
-def landed(name: str, profile: str | None = None, seeds_from: int = 0) -> pd.DataFrame:
-    """:func:`run_table` of the runs of experiment ``name`` finished so far
-    (:func:`scalelong_edu.experiments.finished_so_far`) with a seed of at least ``seeds_from`` (a
-    confirmation's fresh seeds), empty while none has: for the claims of an experiment whose runs
-    have not started landing. Trains nothing."""
+def landed(name: str, profile: str | None = None, seeds_from: int = 0,
+           measure: Callable[[ExperimentResult], pd.DataFrame] | None = None) -> pd.DataFrame:
+    """``measure`` (:func:`run_table` by default; e.g. :func:`adam_table`) of the runs of
+    experiment ``name`` finished so far (:func:`scalelong_edu.experiments.finished_so_far`) with a
+    seed of at least ``seeds_from`` (a confirmation's fresh seeds), empty while none has: for the
+    claims of an experiment whose runs have not started landing. Trains nothing."""
     import pandas as pd
 
     from .experiments import finished_so_far
 
     try:
-        table = run_table(finished_so_far(name, profile))
+        table = (measure or run_table)(finished_so_far(name, profile))
     except FileNotFoundError:
         return pd.DataFrame()
     return table[table.seed >= seeds_from].reset_index(drop=True)
@@ -451,22 +452,24 @@ def landing_claim(chapter: int, paper: str, landed: int, planned: int, unit: str
 
 def paired_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, planned: int, *,
                  baseline: str = "none", margin: float = 0.05, direction: str = "less", log: bool = True,
-                 share: bool = False, what: str = "", **where: object) -> Claim:
+                 share: bool = False, what: str = "", family: str = "", **where: object) -> Claim:
     """The claims-table line of "``treatment`` moves ``column`` in ``direction``" (:func:`compare`,
     ``margin``, ``log`` and ``share`` as there; the measured text is :func:`ratio_text`, which for a
-    share reads as an odds ratio, and the margin reads e.g. "5% (odds)"), on the seeds both arms have finished out of the ``planned``
-    ones: *undecided* until all have landed (:class:`scalelong_edu.ledger.Claim`), and without a
-    test while fewer than two have."""
+    share reads as an odds ratio, and the margin reads e.g. "5% (odds)"), on the seeds both arms
+    have finished out of the ``planned`` ones: *undecided* until all have landed
+    (:class:`scalelong_edu.ledger.Claim`), and without a test while fewer than two have; in the
+    Holm ``family`` given (:attr:`scalelong_edu.ledger.Claim.family`: a declared confirmation is
+    its own)."""
     from .ledger import Claim
 
     rows = _paired_seeds(table, treatment, baseline, where)
     n = rows.seed.nunique()
     if n < 2:
-        return landing_claim(chapter, paper, n, planned)
+        return replace(landing_claim(chapter, paper, n, planned), family=family)
     test = compare(rows, column, treatment, baseline, margin=margin, direction=direction, log=log, share=share,
                    **where)
     shown = f"{margin:.0%} (odds)" if share else f"{margin:.0%}" if log else f"{margin:g}"
-    return Claim(chapter, paper, ratio_text(test, what), test=test, margin=shown, planned=planned)
+    return Claim(chapter, paper, ratio_text(test, what), test=test, margin=shown, planned=planned, family=family)
 
 
 def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str, treatment: str, baseline: str,
@@ -545,9 +548,9 @@ class ConfirmationRuns:
 
     def claim(self, chapter: int, paper: str) -> Claim:
         """The confirmation's claims-table line: :func:`breakdown_claim` on the fresh seeds, in the
-        Holm family ``"confirmation"``, undecided until all of them have landed."""
+        Holm family named after the experiment, undecided until all of them have landed."""
         return breakdown_claim(chapter, paper, self.fresh, self.treatment, len(self.seeds), baseline=self.baseline,
-                               family="confirmation")
+                               family=self.name)
 
     def glue_values(self, decided: Claim) -> dict[str, object]:
         """What a chapter's prose quotes, by name: the fresh seeds (``seeds``, ``first``, ``last``,
@@ -570,10 +573,10 @@ def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str =
     """The declared confirmation ``name`` of the breakdown rates in ``pilot`` (:func:`run_table` of
     its pilot experiment), ``treatment`` against ``baseline``: its fresh seeds landed so far, and the
     power its declaration gives at the pilot's rates (:func:`scalelong_edu.stats.rates_power`)."""
-    from .experiments import BREAKDOWN_SEEDS, CONFIRMATIONS
+    from .experiments import CONFIRMATIONS
 
     declared = CONFIRMATIONS[name]
-    seeds = range(BREAKDOWN_SEEDS, BREAKDOWN_SEEDS + declared.fresh)
+    seeds = range(declared.first, declared.first + declared.fresh)
     rate = breakdown_rates(pilot).rate
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
     if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
@@ -581,6 +584,20 @@ def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str =
     return ConfirmationRuns(name, treatment, baseline, seeds, fresh,
                             rates_power(declared.fresh, rate[baseline], rate[treatment]), declared.cautious,
                             rates_power(declared.fresh, rate[baseline], declared.cautious))
+
+
+def confirmation_power(name: str, pilot: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *,
+                       tests: int, log: bool = True, share: bool = False, **where: object) -> float:
+    """The power the declared confirmation ``name`` of paired endpoints
+    (:data:`scalelong_edu.experiments.CONFIRMATIONS`) has for one of its ``tests`` claims: a paired
+    t-test on its fresh seeds at level 0.05 / ``tests`` (a lower bound on Holm's), if the true mean
+    and SD of the paired differences are the pilot's (:func:`compare` on ``pilot``, ``log``,
+    ``share`` and ``where`` as there)."""
+    from .experiments import CONFIRMATIONS
+    from .stats import ALPHA, paired_power
+
+    test = compare(pilot, column, treatment, baseline, log=log, share=share, **where)
+    return paired_power(abs(test.estimate) / test.sd, CONFIRMATIONS[name].fresh, ALPHA / tests)
 
 
 def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
@@ -778,7 +795,8 @@ def gradient_constants(result: ExperimentResult, x_t_sq: float) -> pd.DataFrame:
 
 def adam_table(result: ExperimentResult, block: str = "model") -> pd.DataFrame:
     """Adam's moments per run (the reviewer's question 2), averaged over the probes of the last
-    :data:`LATE` of training: columns ``label, seed, diverged_at`` and the quantities of
+    :data:`LATE` of training: columns ``label, seed, diverged_at``, ``method`` (the label) and
+    ``broke_down`` (diverged), so that :func:`compare` pairs them, and the quantities of
     :data:`scalelong_edu.probes.ADAM_QUANTITIES` for ``block`` (``"model"``: all parameters,
     ``"a"``/``"b"``: the mean over encoder/decoder blocks). Diverged runs get ``NaN``."""
     import pandas as pd
@@ -791,7 +809,7 @@ def adam_table(result: ExperimentResult, block: str = "model") -> pd.DataFrame:
     table = runs.merge(means.reset_index(), on=["label", "seed"], how="left")
     table.loc[table.diverged_at.notna(), list(means.columns)] = float("nan")
     table.columns.name = None
-    return table
+    return table.assign(method=table.label, broke_down=table.diverged_at.notna())
 
 
 def robustness_table(result: ExperimentResult, sigma: float) -> pd.DataFrame:
@@ -1034,10 +1052,11 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
 
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
-           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method", "compare",
-           "compare_breakdowns", "complete_seeds", "confirmation", "confident_samples", "curves_by_backbone", "fd_curves",
-           "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
-           "gradient_constants", "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants",
-           "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_ratios", "select",
-           "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by",
-           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method",
+           "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confident_samples",
+           "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
+           "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline", "landed",
+           "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
+           "run_table", "seed_ratios", "select", "speed_curves", "speed_target", "speedup", "speedup_claim",
+           "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
+           "trajectory", "trend", "xt_norm_ratio"]

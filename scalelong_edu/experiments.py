@@ -101,7 +101,8 @@ class Experiment:
         robustness_sigmas: sigma_delta values of the end-of-training robustness probe (Thm 3.4).
         adam_stats: record Adam's moments at every evaluation.
         seeds: seeds per run; ``None`` takes the profile's ``seeds`` (either way at most its
-            ``seed_cap``).
+            ``seed_cap``), counted from ``first_seed`` (a confirmation's fresh seeds follow its
+            pilot's).
         step_fraction: the share of the profile's ``steps`` each run trains (a sweep that only
             has to find a setting can run shorter).
         long: each run trains the profile's ``long_steps`` instead (a model trained to draw
@@ -124,6 +125,7 @@ class Experiment:
     robustness_sigmas: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
     adam_stats: bool = True
     seeds: int | None = None
+    first_seed: int = 0
     step_fraction: float = 1.0
     long: bool = False
     fd_points: int = 0
@@ -145,7 +147,8 @@ class Experiment:
         def lr(run: RunSpec) -> float:
             return run.lr if run.lr is not None else run.lr_scale * profile.learning_rate(run.backbone, run.regime)
 
-        return tuple(replace(run, seed=seed, lr=lr(run)) for seed in range(seeds) for run in self.runs)
+        seeds = range(self.first_seed, self.first_seed + seeds)
+        return tuple(replace(run, seed=seed, lr=lr(run)) for seed in seeds for run in self.runs)
 
     def spec(self, profile: Profile) -> dict[str, Any]:
         """The full, JSON-able description that keys the cache: the runs as trained (seeds and
@@ -159,7 +162,8 @@ class Experiment:
         return run_key(self._settings(), self._sizes(profile), asdict(run))
 
     def _settings(self) -> dict[str, Any]:
-        settings = {k: v for k, v in asdict(self).items() if k not in ("runs", "seeds", "step_fraction", "long")}
+        settings = {k: v for k, v in asdict(self).items()
+                    if k not in ("runs", "seeds", "first_seed", "step_fraction", "long")}
         for key, default in LATER_SETTINGS.items():  # keeps the hashes of results cached before them
             if settings[key] == default:
                 del settings[key]
@@ -221,31 +225,6 @@ BREAKDOWN_SEEDS = 10
 on runs paired by seed."""
 
 
-@dataclass(frozen=True)
-class Confirmation:
-    """A confirmation of a pilot's breakdown rates, CS against no scaling, declared before any of
-    its fresh seeds was trained: the pilot's first :data:`BREAKDOWN_SEEDS` seeds (its runs, reused),
-    then ``fresh`` new ones, on which alone it is tested (exact McNemar, two-sided, level 0.05, a
-    family of one claim). It was sized on the pilot's rates, the two arms breaking down
-    independently (:func:`scalelong_edu.stats.rates_power`), and its power is also stated if CS
-    breaks down at the lower, ``cautious`` rate."""
-
-    pilot: str
-    fresh: int
-    cautious: float
-
-
-CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", 30, 0.95),
-                 "breakdown-confirm": Confirmation("breakdown-uvit", 24, 0.6)}
-"""The declared confirmations:
-
-* ``stability-confirm``: pilot ``stability-deep`` (none broke down in 6 of 10 seeds, CS in 10 of
-  10; undecided in chapter 8's family): 99% power on 30 pairs, 88% if CS breaks down in 95% of
-  runs, 68% at 90%.
-* ``breakdown-confirm``: pilot ``breakdown-uvit`` (none 2 of 10, CS 7 of 10; undecided in chapter
-  3's family): 91% power on 24 pairs, 72% if CS breaks down in 60% of runs."""
-
-
 DEPTHS = (2, 4, 6, 8)
 """The numbers of long skips N that chapter 8 sweeps."""
 SWEEP = dict(step_fraction=1 / 3, adam_stats=False, fd_points=1, end_probes=False)
@@ -268,6 +247,55 @@ LIVE = dict(seeds=2, step_fraction=0.7, adam_stats=False, fd_points=2, fd_sample
 """The recordings and size of the experiments a chapter's "at GPU scale" section trains live
 (:mod:`scalelong_edu.gpu_scale`): two seeds, 70% of the profile's steps, Fig. 1's recordings and the
 Frechet distance twice, so that each fits in 25 minutes of a Colab T4 by its FLOPs."""
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A re-test of a pilot's undecided claims on fresh seeds, declared (with its size) before any
+    of them was trained. It is tested on the fresh seeds alone, each chapter's claims of it a Holm
+    family of their own (:attr:`scalelong_edu.ledger.Claim.family`, named after the experiment),
+    and in the claims table it takes the place of the pilot's rows it re-tests
+    (:attr:`~scalelong_edu.ledger.Claim.confirmation`). Fresh seeds keep each test's error rate at
+    its level whatever the pilot showed; adding seeds to the pilot after seeing it would not.
+
+    Attributes:
+        pilot: the experiment whose claims it re-tests; its seeds are ``0 .. first - 1``.
+        first, fresh: the first fresh seed, and how many.
+        cautious: for a confirmation of breakdown rates (CS against no scaling, exact McNemar):
+            the lower rate of CS breakdowns at which its power is also stated; ``None`` for one of
+            paired endpoints (paired t-tests with the 5% margin of the pilot's claims).
+    """
+
+    pilot: str
+    first: int
+    fresh: int
+    cautious: float | None = None
+
+
+CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_SEEDS, 30, 0.95),
+                 "breakdown-confirm": Confirmation("breakdown-uvit", BREAKDOWN_SEEDS, 24, 0.6),
+                 "unet-confirm": Confirmation("main-unet", MAIN_SEEDS["unet"], 24),
+                 "depth-confirm": Confirmation("depth-trained", TRAINED["seeds"], 20)}
+"""The declared confirmations (power: of each test at the pilot's paired mean and SD, at level
+0.05 / the claims of its family, a lower bound for Holm's):
+
+* ``stability-confirm``: pilot ``stability-deep`` (none broke down in 6 of 10 seeds, CS in 10 of
+  10; undecided in chapter 8's family): 99% power on 30 pairs, 88% if CS breaks down in 95% of
+  runs, 68% at 90%.
+* ``breakdown-confirm``: pilot ``breakdown-uvit`` (none 2 of 10, CS 7 of 10; undecided in chapter
+  3's family): 91% power on 24 pairs, 72% if CS breaks down in 60% of runs.
+* ``unet-confirm``: pilot ``main-unet``, none vs CS (kappa = 0.5), 24 fresh seeds, measured as
+  the pilot's endpoints are (the fixed-batch probes every ``eval_every`` steps, Adam's statistics)
+  without its Frechet distances, early probes and batch norms, which these endpoints do not use.
+  Chapter 3's family: paper Fig. 1's end level of ``||h_i||^2`` (pilot 0.80x, paired SD 0.29 on
+  the log scale: 91% power) and Thm 3.1's late range (0.70x, SD 0.50: 85%). Chapter 4's: Adam's
+  update size (0.974x, SD 0.047) and sign flips of m (odds 1.012x, SD 0.062), which lean to
+  *absent*: at those SDs 24 pairs give 95% intervals of +-2.0% and +-2.6% about the estimate,
+  inside the 5% margin if the pilot's estimates hold.
+* ``depth-confirm``: pilot ``depth-trained`` at N = 8, none vs 1/sqrt(2)-CS vs CS (kappa = 0.5),
+  20 fresh seeds, measured as the pilot (without its final Frechet distance). Chapter 8's family:
+  the reviewer's Q3, CS's EMA loss over 1/sqrt(2)-CS's (pilot 0.53x, SD 0.66: 96% power), and
+  Thm 3.1's late range of ``||h_i||^2``, CS over none (0.45x, SD 1.09: 80%)."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
@@ -298,13 +326,20 @@ def _lr_sweep(backbone: str, scales: tuple[float, ...] = (1, 4, 8, 16)) -> tuple
                  for k in scales for label, method in (("none", "none"), ("CS (kappa=0.5)", "cs")))
 
 
-def _confirmation(name: str, where: str, runs: tuple[RunSpec, ...], **settings: Any) -> Experiment:
-    """The experiment of the declared confirmation ``name`` (:data:`CONFIRMATIONS`), none vs CS,
-    measured as its pilot."""
-    pilot, fresh = CONFIRMATIONS[name].pilot, CONFIRMATIONS[name].fresh
-    return Experiment(name, f"U-ViT, {where}: none vs CS (kappa=0.5), {BREAKDOWN_SEEDS + fresh} seeds (the first "
-                      f"{BREAKDOWN_SEEDS} are {pilot}'s pilot; the declared confirmation of its breakdown rates is "
-                      f"tested on the {fresh} fresh ones)", runs, **{**settings, "seeds": BREAKDOWN_SEEDS + fresh})
+def _confirmation(name: str, what: str, runs: tuple[RunSpec, ...], **settings: Any) -> Experiment:
+    """The experiment of the declared confirmation ``name`` (:data:`CONFIRMATIONS`): ``runs``
+    measured with ``settings``. A breakdown confirmation is measured as its pilot and lists the
+    pilot's seeds too (their runs are reused, not trained again); one of paired endpoints lists its
+    fresh seeds only."""
+    declared = CONFIRMATIONS[name]
+    first, fresh = declared.first, declared.fresh
+    if declared.cautious is not None:
+        return Experiment(name, f"{what}, {first + fresh} seeds (the first {first} are {declared.pilot}'s pilot; the "
+                          f"declared confirmation of its breakdown rates is tested on the {fresh} fresh ones)", runs,
+                          **{**settings, "seeds": first + fresh})
+    return Experiment(name, f"{what}, seeds {first}-{first + fresh - 1}: the declared confirmation of "
+                      f"{declared.pilot}'s claims, tested on these fresh seeds alone", runs,
+                      **{**settings, "seeds": fresh, "first_seed": first})
 
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -390,13 +425,21 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "1/sqrt(2)-CS vs CS vs LS (the one cell of stability-map where unscaled runs broke down, with "
                    "the seeds a breakdown rate needs; its first two seeds are the map's runs)",
                    _map_cells((8,), (16,)), **{**SWEEP, "fd_points": 0}, seeds=BREAKDOWN_SEEDS),
-        _confirmation("stability-confirm", "N = 8, at 16x the gentle learning rate",
+        _confirmation("stability-confirm", "U-ViT, N = 8, at 16x the gentle learning rate: none vs CS (kappa=0.5)",
                       tuple(r for r in _map_cells((8,), (16,)) if r.method in ("none", "cs")),
                       **{**SWEEP, "fd_points": 0}),
-        _confirmation("breakdown-confirm", f"at {STRESS_SCALE}x the gentle learning rate",
+        _confirmation("breakdown-confirm",
+                      f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs CS (kappa=0.5)",
                       (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),
                        RunSpec(METHODS[2][0], "uvit", METHODS[2][1], METHODS[2][2], lr_scale=STRESS_SCALE)),
                       **STRESS),
+        _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
+                      tuple(RunSpec(label, "unet", method, kappa)
+                            for label, method, kappa in (METHODS[0], METHODS[2])),
+                      end_probes=False),
+        _confirmation("depth-confirm", "U-ViT with N = 8, full steps: none vs 1/sqrt(2)-CS vs CS (kappa=0.5)",
+                      tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
+                            for label, method, kappa in METHODS[:3]), **{**TRAINED, "fd_points": 0}),
     )
 }
 

@@ -54,6 +54,10 @@ class Claim:
             for a test declared apart from it, after the chapter's family was decided (e.g. a
             confirmation on fresh seeds that a pilot row of the family sized), corrected only with the
             claims of that name. The chapter's error rate is then controlled per family.
+        confirmation: for a pilot's claim that a declared confirmation re-tests on fresh seeds, the
+            confirmation's family: the claims table shows the confirmation's row in its place (one
+            claim, one row, decided at the confirmation's size), while the pilot's test stays in
+            its own family's correction, so the other claims' adjusted p-values do not change.
     """
 
     chapter: int
@@ -64,6 +68,7 @@ class Claim:
     margin: str = ""
     planned: int = 0
     family: str = ""
+    confirmation: str = ""
 
     def __post_init__(self):
         if (self.verdict is None) == (self.test is None):
@@ -107,12 +112,28 @@ def _seeds_text(claim: Claim) -> str:
     return f"{claim.test.seeds_needed}{unit}"
 
 
+def shown(claims: list[Claim]) -> list[Claim]:
+    """The claims a claims table shows: all but a pilot's claim that a confirmation re-tests
+    (:attr:`Claim.confirmation`), whose row the confirmation's takes.
+
+    Raises:
+        ValueError: a pilot's claim names a confirmation none of ``claims`` belongs to.
+    """
+    families = {c.family for c in claims}
+    orphans = [c.paper for c in claims if c.confirmation and c.confirmation not in families]
+    if orphans:
+        raise ValueError(f"claims {orphans} name a confirmation that no claim belongs to (Claim.family): publish the "
+                         "confirmation's claims with them, or drop the confirmation name")
+    return [c for c in claims if not c.confirmation]
+
+
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """The claims as the table a chapter ends with (:data:`COLUMNS`)."""
+    """The claims as the table a chapter ends with (:data:`COLUMNS`), one row for each of
+    :func:`shown`."""
     import pandas as pd
 
-    return pd.DataFrame([(c.decided, c.paper, c.measured, c.margin, _p_text(c.test), _seeds_text(c)) for c in claims],
-                        columns=COLUMNS)
+    return pd.DataFrame([(c.decided, c.paper, c.measured, c.margin, _p_text(c.test), _seeds_text(c))
+                         for c in shown(claims)], columns=COLUMNS)
 
 
 def decide(claims: list[Claim]) -> list[Claim]:
@@ -283,4 +304,4 @@ def tally(ledger: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["COLUMNS", "VERDICTS", "Claim", "claims_table", "collect", "decide", "glued_table", "publish", "read_claims",
-           "tally"]
+           "shown", "tally"]

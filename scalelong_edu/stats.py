@@ -231,18 +231,24 @@ def _check(margin: float, direction: str) -> None:
         raise ValueError(f"margin must be a finite number > 0, declared with the claim, got {margin!r}")
 
 
+def paired_power(effect_size: float, pairs: int, alpha: float = ALPHA) -> float:
+    """The power of a two-sided paired t-test at level ``alpha`` on ``pairs`` pairs when the true
+    mean difference is ``effect_size`` standard deviations of the paired differences (statsmodels'
+    ``TTestPower``)."""
+    from statsmodels.stats.power import TTestPower
+
+    return float(TTestPower().power(effect_size=effect_size, nobs=pairs, alpha=alpha, alternative="two-sided"))
+
+
 def seeds_needed(sd: float, margin: float) -> int:
     """Pairs (at least 2) a two-sided paired t-test at :data:`ALPHA` needs for :data:`POWER` against
     a true mean difference of ``margin`` when the paired differences have standard deviation ``sd``
-    (the smallest ``n`` whose power, by statsmodels' ``TTestPower``, reaches it; found by bisection)."""
-    from statsmodels.stats.power import TTestPower
-
+    (the smallest ``n`` whose :func:`paired_power` reaches it; found by bisection)."""
     if sd <= 0:
         return 2
-    power = TTestPower()
 
     def enough(n: int) -> bool:
-        return power.power(effect_size=margin / sd, nobs=n, alpha=ALPHA, alternative="two-sided") >= POWER
+        return paired_power(margin / sd, n) >= POWER
 
     lo, hi = 2, 2
     while not enough(hi):
@@ -522,5 +528,5 @@ def holm(tests: Sequence[PairedTest | RateTest | TrendTest]) -> list[PairedTest 
 
 
 __all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "TrendTest", "detrended",
-           "holm", "mcnemar_pairs_needed", "mean_se", "oscillation", "over_seeds", "paired_rates", "paired_test",
-           "seeds_needed", "trend_test"]
+           "holm", "mcnemar_pairs_needed", "mean_se", "oscillation", "over_seeds", "paired_power", "paired_rates",
+           "paired_test", "seeds_needed", "trend_test"]

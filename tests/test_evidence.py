@@ -422,7 +422,7 @@ def test_landed_keeps_a_confirmations_fresh_seeds(monkeypatch):
 
 def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatch):
     from scalelong_edu import ledger
-    from scalelong_edu.experiments import BREAKDOWN_SEEDS, CONFIRMATIONS
+    from scalelong_edu.experiments import CONFIRMATIONS
     from scalelong_edu.stats import rates_power
 
     pilot = _paired_table([(1.0, 0.5)] * 10, broke=range(4))  # none 4 of 10, CS 0 of 10
@@ -431,12 +431,12 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", lambda name, profile=None: name)
     confirm = evidence.confirmation("stability-confirm", pilot, "CS")
     declared = CONFIRMATIONS["stability-confirm"]
-    assert confirm.seeds == range(BREAKDOWN_SEEDS, BREAKDOWN_SEEDS + declared.fresh)
+    assert confirm.seeds == range(declared.first, declared.first + declared.fresh)
     assert set(confirm.fresh.seed) == set(confirm.seeds)  # the pilot's seeds are not tested again
     assert confirm.power == rates_power(declared.fresh, 0.4, 0.0)
     assert confirm.cautious_power == rates_power(declared.fresh, 0.4, declared.cautious)
     claim = confirm.claim(8, "CS breaks down less often")
-    assert claim.family == "confirmation" and claim.test.discordant == (15, 0) and not claim.landing
+    assert claim.family == "stability-confirm" and claim.test.discordant == (15, 0) and not claim.landing
     values = confirm.glue_values(ledger.decide([claim])[0])
     assert values["baseline"] == "15 of 30" and values["treatment"] == "0 of 30" and values["verdict"] == "reproduced"
     assert (values["first"], values["last"], values["p"], values["landed"]) == (10, 39, claim.test.p, 30)
@@ -552,6 +552,7 @@ def test_adam_table_averages_the_late_half_and_blanks_diverged_runs():
     diverged = record("CS", 0, _adam_rows({5: 1.0, 10: 1.0}, blocks), diverged_at=12)
     table = adam_table(result([finished, diverged], 20))
     assert table.label.tolist() == ["none", "CS"] and table.diverged_at.tolist()[1] == 12
+    assert table.method.tolist() == ["none", "CS"] and table.broke_down.tolist() == [False, True]  # pairs as run_table
     assert table.loc[0, "exp_avg_abs"] == pytest.approx(4.0)  # mean over steps 15 and 20
     assert table.loc[0, "m_sign_flip"] == pytest.approx(8.0)  # + 4 for the fifth quantity
     assert all(math.isnan(table.loc[1, q]) for q in ("exp_avg_abs", "exp_avg_sq", "update_size"))
@@ -802,3 +803,24 @@ def test_trend_over_a_run_table_skips_runs_without_the_value_and_needs_four():
     test = evidence.trend(table, "N", "osc")
     assert test.n == 5 and test.estimate > 0.9 and test.direction == "greater"
     assert evidence.trend(table.iloc[:3], "N", "osc") is None
+
+
+def test_the_declared_powers_of_the_paired_confirmations_hold_on_their_committed_pilots():
+    """experiments.CONFIRMATIONS states each paired confirmation's power at its pilot's effect."""
+    from scalelong_edu.experiments import finished_so_far
+
+    unet = evidence.run_table(finished_so_far("main-unet", "cpu"))
+    deep = evidence.run_table(finished_so_far("depth-trained", "cpu"))
+    declared = {("unet-confirm", "feature_level"): (unet, "none", {}, 0.91),
+                ("unet-confirm", "feature_range_late"): (unet, "none", {}, 0.85),
+                ("depth-confirm", "ema_loss"): (deep, "1/sqrt(2)-CS", {"N": 8}, 0.96),
+                ("depth-confirm", "feature_range_late"): (deep, "none", {"N": 8}, 0.80)}
+    for (name, column), (pilot, baseline, where, power) in declared.items():
+        got = evidence.confirmation_power(name, pilot, column, "CS (kappa=0.5)", baseline, tests=2, **where)
+        assert round(got, 2) == power, (name, column)
+
+
+def test_a_paired_claim_carries_its_family_landed_or_not():
+    table = _paired_table([(1.0, 0.5), (1.0, 0.6), (1.0, 0.55)])
+    assert evidence.paired_claim(3, "CS lowers it", table, "loss", "CS", 3, family="f").family == "f"
+    assert evidence.paired_claim(3, "CS lowers it", table.iloc[:2], "loss", "CS", 3, family="f").family == "f"

@@ -31,8 +31,7 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "unet-lr-sweep", "stress-search-uvit", "breakdown-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress",
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
-         "stability-deep", "stability-confirm",
-         "breakdown-confirm"]
+         "stability-deep", "stability-confirm", "breakdown-confirm", "unet-confirm", "depth-confirm"]
 
 
 @pytest.fixture(autouse=True)
@@ -638,9 +637,16 @@ def test_the_runs_that_chapter_8s_trained_experiments_share_are_one_run_each():
     for name, declared in ex.CONFIRMATIONS.items():
         confirm, pilot_of = ex.get_experiment(name), ex.get_experiment(declared.pilot)
         pilot_keys = {pilot_of.run_key(run, cpu) for run in pilot_of.plan(cpu)}
+        assert max(run.seed for run in pilot_of.plan(cpu)) == declared.first - 1  # fresh seeds follow the pilot's
+        fresh = range(declared.first, declared.first + declared.fresh)
         pilot = [(run.method, run.seed) for run in confirm.plan(cpu) if confirm.run_key(run, cpu) in pilot_keys]
-        assert sorted(pilot) == sorted((m, s) for m in ("cs", "none") for s in range(ex.BREAKDOWN_SEEDS))
-        assert len(confirm.plan(cpu)) == 2 * (ex.BREAKDOWN_SEEDS + declared.fresh)
+        arms = {run.method for run in confirm.runs}
+        assert {(run.method, run.seed) for run in confirm.plan(cpu) if run.seed in fresh} == {
+            (m, s) for m in arms for s in fresh}
+        if declared.cautious is None:  # paired endpoints: measured apart, fresh seeds only
+            assert not pilot and {run.seed for run in confirm.plan(cpu)} == set(fresh)
+        else:  # breakdown rates: measured as the pilot, whose runs it reuses
+            assert sorted(pilot) == sorted((m, s) for m in arms for s in range(declared.first))
     search = ex.get_experiment("stress-search-uvit")
     assert [r.lr_scale for r in search.plan(cpu)[:5]] == list(ex.STRESS_SEARCH) and len(search.plan(cpu)) == 25
     assert {r.method for r in search.runs} == {"none"}

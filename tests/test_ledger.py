@@ -88,6 +88,22 @@ def test_publish_decides_a_chapters_claims_as_one_holm_family():
     assert decided[-1].decided == "reproduced" and decided[1].test.p_holm == pytest.approx(min(1, 4 * NOISY.p))
 
 
+
+def test_a_confirmation_takes_the_place_of_its_pilots_row_but_not_of_its_correction():
+    marginal = paired_test([1.0, 2.0, 3.0, 4.0, 5.0], [0.8, 1.9, 2.5, 3.9, 4.6], margin=0.1)
+    pilot = Claim(4, "a (pilot)", "m", test=NOISY, confirmation="a-confirm")
+    others = [Claim(4, "b", "m", test=CLEAR), Claim(4, "rule", "m", "contradicted")]
+    fresh = Claim(4, "a (fresh seeds)", "m", test=marginal, family="a-confirm")
+    decided = ledger.decide([pilot, *others, fresh])
+    assert decided[1].test.p_holm == pytest.approx(2 * CLEAR.p)  # the pilot still counts in its family
+    assert decided[3].test.p_holm == marginal.p  # the confirmation is a family of its own
+    table = claims_table(decided)
+    assert list(table["the paper claims"]) == ["b", "rule", "a (fresh seeds)"]
+    assert list(table["verdict"]) == ["reproduced", "contradicted", "reproduced"]
+    with pytest.raises(ValueError, match="no claim belongs to"):
+        claims_table([pilot, *others])
+
+
 def test_read_claims_returns_the_full_untruncated_table(tmp_path):
     path = notebook(tmp_path, [glue_output("other", pd.DataFrame({"a": [1]})),
                                glue_output("claims_ch6", claims_table(CLAIMS))])

@@ -18,6 +18,7 @@ from scalelong_edu.stats import (
     detrended,
     oscillation,
     over_seeds,
+    paired_power,
     paired_rates,
     paired_test,
     seeds_needed,
@@ -303,7 +304,7 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
     assert mcnemar_power(30, 0.4, 1.0) == pytest.approx(binom.sf(5, 30, 0.4))
     assert mcnemar_power(n, 0.5, 0.85) >= 0.8 > mcnemar_power(n - 1, 0.5, 0.85)
     assert mcnemar_power(30, 0.0, 0.5) == 0.0  # no pair ever disagrees
-    # the declared confirmations' sizes (experiments.CONFIRM_SEEDS): their pilots' rates
+    # the declared confirmations' sizes (experiments.CONFIRMATIONS): their pilots' rates
     assert rates_power(30, 0.6, 1.0) == pytest.approx(binom.sf(5, 30, 0.4)) and rates_power(30, 0.6, 1.0) > 0.99
     assert round(rates_power(30, 0.6, 0.95), 2) == 0.88 and round(rates_power(24, 0.2, 0.7), 2) == 0.91
     assert rates_power(10, 1.0, 1.0) == 0.0
@@ -313,3 +314,15 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
         mcnemar_pairs_needed(0.0, 0.5)
     with pytest.raises(ValueError, match="no number of pairs"):
         mcnemar_pairs_needed(0.3, 0.5, limit=50)  # no difference between the arms: no power
+
+
+def test_paired_power_matches_the_paired_t_test_it_sizes():
+    from scipy.stats import ttest_1samp
+
+    rng = np.random.default_rng(3)
+    diffs = rng.normal(0.7, 1.0, size=(4000, 16))  # an effect of 0.7 SD on 16 pairs
+    simulated = float((ttest_1samp(diffs, 0.0, axis=1).pvalue < 0.025).mean())
+    assert abs(simulated - paired_power(0.7, 16, alpha=0.025)) < 0.025  # 4000 draws: SE about 0.008
+    assert paired_power(0.0, 16) == pytest.approx(0.05)  # no effect: the test's level
+    n = seeds_needed(1.0, 0.7)
+    assert paired_power(0.7, n) >= 0.8 > paired_power(0.7, n - 1)
