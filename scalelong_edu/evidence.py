@@ -280,6 +280,12 @@ def complete_seeds(table: pd.DataFrame) -> pd.DataFrame:
     return table[table.seed.map(methods) == table.method.nunique()]
 
 
+def seeds_landed(table: pd.DataFrame) -> int:
+    """How many seeds every method of ``table`` has finished (:func:`complete_seeds`; 0 of an
+    empty table, e.g. :func:`landed` before any run has)."""
+    return 0 if table.empty else int(complete_seeds(table).seed.nunique())
+
+
 def join_baseline(table: pd.DataFrame, column: str, baseline: object = "none", arm: str = "method",
                   by: Sequence[str] = ()) -> pd.DataFrame:
     """The rows of ``table`` that have a baseline run (the row with ``table[arm] == baseline``, the
@@ -1057,6 +1063,6 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
            "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline", "landed",
            "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
-           "run_table", "seed_ratios", "select", "speed_curves", "speed_target", "speedup", "speedup_claim",
-           "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
+           "run_table", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target", "speedup",
+           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
            "trajectory", "trend", "xt_norm_ratio"]

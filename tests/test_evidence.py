@@ -827,3 +827,11 @@ def test_a_paired_claim_carries_its_family_landed_or_not():
     table = _paired_table([(1.0, 0.5), (1.0, 0.6), (1.0, 0.55)])
     assert evidence.paired_claim(3, "CS lowers it", table, "loss", "CS", 3, family="f").family == "f"
     assert evidence.paired_claim(3, "CS lowers it", table.iloc[:2], "loss", "CS", 3, family="f").family == "f"
+
+
+def test_seeds_landed_counts_the_seeds_every_method_has_finished():
+    import pandas as pd
+
+    table = _paired_table([(1.0, 0.5)] * 3)
+    assert evidence.seeds_landed(table) == 3 and evidence.seeds_landed(table.iloc[:-1]) == 2
+    assert evidence.seeds_landed(pd.DataFrame()) == 0
