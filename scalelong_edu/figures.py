@@ -396,7 +396,7 @@ def plot_breakdown_pairs(table: pd.DataFrame, labels: Sequence[str], seeds: Sequ
             bars.annotate(f"{int(r.broke)}/{int(r.runs)}", (1.0, y), xycoords=("axes fraction", "data"),
                           xytext=(4, 0), textcoords="offset points", va="center")
     grid.set_xticks(seeds if len(seeds) <= 12 else [s for s in seeds if s % 5 == 0])
-    grid.set_xlim(min(seeds) - 0.6, max(seeds) + 0.4)
+    grid.set_xlim(min(seeds) - 0.6, max(seeds) + 0.6)
     grid.set_yticks(range(len(labels)), [pretty(label) for label in labels])
     grid.set_ylim(len(labels) - 0.5, -0.5)
     grid.set_xlabel("seed (× = broke down)")
