@@ -1064,5 +1064,5 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline", "landed",
            "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
            "run_table", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target", "speedup",
-           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories",
-           "trajectory", "trend", "xt_norm_ratio"]
+           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale",
+           "trajectories", "trajectory", "trend", "xt_norm_ratio"]
