@@ -811,16 +811,18 @@ def test_the_declared_powers_of_the_paired_confirmations_hold_on_their_committed
 
     unet = evidence.run_table(finished_so_far("main-unet", "cpu"))
     deep = evidence.run_table(finished_so_far("depth-trained", "cpu"))
-    declared = {("unet-confirm", "feature_level"): (unet, "none", {}, 0.91),
-                ("unet-confirm", "feature_range_late"): (unet, "none", {}, 0.85),
-                ("depth-confirm", "ema_loss"): (deep, "1/sqrt(2)-CS", {"N": 8}, 0.94),
-                ("depth-confirm", "feature_range_late"): (deep, "none", {"N": 8}, 0.75),
-                ("depth-confirm", "feature_osc"): (deep, "none", {"N": 8}, 0.57)}
-    tests = {"unet-confirm": 2, "depth-confirm": 3}  # each family's claims
-    for (name, column), (pilot, baseline, where, power) in declared.items():
+    grid = evidence.complete_seeds(evidence.run_table(finished_so_far("kappa-trained", "cpu")))
+    declared = [("unet-confirm", "feature_level", unet, "none", {}, 0.91),
+                ("unet-confirm", "feature_range_late", unet, "none", {}, 0.85),
+                ("depth-confirm", "ema_loss", deep, "1/sqrt(2)-CS", {"N": 8}, 0.92),
+                ("depth-confirm", "feature_range_late", deep, "none", {"N": 8}, 0.71),
+                ("depth-confirm", "feature_osc", deep, "none", {"N": 8}, 0.52),
+                ("depth-confirm", "ema_loss", grid, "CS (kappa=0.3)", {"N": 8}, 0.95)]
+    tests = {"unet-confirm": 2, "depth-confirm": 4}  # each family's claims
+    for name, column, pilot, baseline, where, power in declared:
         got = evidence.confirmation_power(name, pilot, column, "CS (kappa=0.5)", baseline, tests=tests[name],
                                           **where)
-        assert round(got, 2) == power, (name, column)
+        assert round(got, 2) == power, (name, column, baseline)
 
 
 def test_a_paired_claim_carries_its_family_landed_or_not():
