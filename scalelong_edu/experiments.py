@@ -275,6 +275,7 @@ class Confirmation:
 CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_SEEDS, 30, 0.95),
                  "breakdown-confirm": Confirmation("breakdown-uvit", BREAKDOWN_SEEDS, 24, 0.6),
                  "unet-confirm": Confirmation("main-unet", MAIN_SEEDS["unet"], 24),
+                 "uvit-confirm": Confirmation("main-uvit", MAIN_SEEDS["uvit"], 24),
                  "depth-confirm": Confirmation("depth-trained", TRAINED["seeds"], 20)}
 """The declared confirmations (power: of each test at the pilot's paired mean and SD, at level
 0.05 / the claims of its family, a lower bound for Holm's):
@@ -292,6 +293,12 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   update size (0.974x, SD 0.047) and sign flips of m (odds 1.012x, SD 0.062), which lean to
   *absent*: at those SDs 24 pairs give 95% intervals of +-2.0% and +-2.6% about the estimate,
   inside the 5% margin if the pilot's estimates hold.
+* ``uvit-confirm``: pilot ``main-uvit``, its four methods, 24 fresh seeds, measured as
+  ``unet-confirm`` is. Chapter 3's family: paper Fig. 1's end level of ``||h_i||^2`` under
+  1/sqrt(2)-CS (pilot 0.62x, SD 0.86 on the log scale: 62% power) and under CS (0.62x, SD 1.11:
+  40%). Chapter 4's: Thm 3.3's gradient oscillation under CS (1.30x, SD 0.37, against the paper's
+  direction: 90%). Chapter 7's: LS's late range of ``||h_i||^2`` (0.60x, SD 0.79: 77%) and its
+  feature oscillation (1.19x, SD 0.44, against the paper: 34%).
 * ``depth-confirm``: pilots ``depth-trained`` and ``kappa-trained`` at N = 8, none vs
   1/sqrt(2)-CS vs CS (kappa = 0.5) vs CS (kappa = 0.3), 20 fresh seeds, measured as the pilots
   (without their final Frechet distance). Chapter 8's family of four: the reviewer's Q3, CS's EMA
@@ -442,6 +449,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                       tuple(RunSpec(label, "unet", method, kappa)
                             for label, method, kappa in (METHODS[0], METHODS[2])),
                       end_probes=False),
+        _confirmation("uvit-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS",
+                      _methods("uvit", "gentle"), end_probes=False),
         _confirmation("depth-confirm", "U-ViT with N = 8, full steps: none vs 1/sqrt(2)-CS vs CS (kappa=0.5) vs CS "
                       "(kappa=0.3)",
                       tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))

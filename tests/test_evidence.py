@@ -810,19 +810,25 @@ def test_the_declared_powers_of_the_paired_confirmations_hold_on_their_committed
     from scalelong_edu.experiments import finished_so_far
 
     unet = evidence.run_table(finished_so_far("main-unet", "cpu"))
+    uvit = evidence.run_table(finished_so_far("main-uvit", "cpu"))
     deep = evidence.run_table(finished_so_far("depth-trained", "cpu"))
     grid = evidence.complete_seeds(evidence.run_table(finished_so_far("kappa-trained", "cpu")))
-    declared = [("unet-confirm", "feature_level", unet, "none", {}, 0.91),
-                ("unet-confirm", "feature_range_late", unet, "none", {}, 0.85),
-                ("depth-confirm", "ema_loss", deep, "1/sqrt(2)-CS", {"N": 8}, 0.92),
-                ("depth-confirm", "feature_range_late", deep, "none", {"N": 8}, 0.71),
-                ("depth-confirm", "feature_osc", deep, "none", {"N": 8}, 0.52),
-                ("depth-confirm", "ema_loss", grid, "CS (kappa=0.3)", {"N": 8}, 0.95)]
-    tests = {"unet-confirm": 2, "depth-confirm": 4}  # each family's claims
-    for name, column, pilot, baseline, where, power in declared:
-        got = evidence.confirmation_power(name, pilot, column, "CS (kappa=0.5)", baseline, tests=tests[name],
-                                          **where)
-        assert round(got, 2) == power, (name, column, baseline)
+    cs, sqrt2 = "CS (kappa=0.5)", "1/sqrt(2)-CS"
+    declared = [  # (confirmation, its rows in the chapter's family, endpoint, pilot, treatment, baseline, where, power)
+        ("unet-confirm", 2, "feature_level", unet, cs, "none", {}, 0.91),
+        ("unet-confirm", 2, "feature_range_late", unet, cs, "none", {}, 0.85),
+        ("uvit-confirm", 2, "feature_level", uvit, sqrt2, "none", {}, 0.62),  # chapter 3
+        ("uvit-confirm", 2, "feature_level", uvit, cs, "none", {}, 0.40),
+        ("uvit-confirm", 1, "grad_osc", uvit, cs, "none", {}, 0.90),  # chapter 4
+        ("uvit-confirm", 2, "feature_range_late", uvit, "LS", "none", {}, 0.77),  # chapter 7
+        ("uvit-confirm", 2, "feature_osc", uvit, "LS", "none", {}, 0.34),
+        ("depth-confirm", 4, "ema_loss", deep, cs, sqrt2, {"N": 8}, 0.92),
+        ("depth-confirm", 4, "feature_range_late", deep, cs, "none", {"N": 8}, 0.71),
+        ("depth-confirm", 4, "feature_osc", deep, cs, "none", {"N": 8}, 0.52),
+        ("depth-confirm", 4, "ema_loss", grid, cs, "CS (kappa=0.3)", {"N": 8}, 0.95)]
+    for name, tests, column, pilot, treatment, baseline, where, power in declared:
+        got = evidence.confirmation_power(name, pilot, column, treatment, baseline, tests=tests, **where)
+        assert round(got, 2) == power, (name, column, treatment, baseline)
 
 
 def test_a_paired_claim_carries_its_family_landed_or_not():

@@ -31,7 +31,8 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "unet-lr-sweep", "stress-search-uvit", "breakdown-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress",
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
-         "stability-deep", "stability-confirm", "breakdown-confirm", "unet-confirm", "depth-confirm"]
+         "stability-deep", "stability-confirm", "breakdown-confirm", "unet-confirm", "uvit-confirm",
+         "depth-confirm"]
 
 
 @pytest.fixture(autouse=True)
