@@ -233,11 +233,15 @@ def _check(margin: float, direction: str) -> None:
 
 def paired_power(effect_size: float, pairs: int, alpha: float = ALPHA) -> float:
     """The power of a two-sided paired t-test at level ``alpha`` on ``pairs`` pairs when the true
-    mean difference is ``effect_size`` standard deviations of the paired differences (statsmodels'
-    ``TTestPower``)."""
-    from statsmodels.stats.power import TTestPower
+    mean difference is ``effect_size`` standard deviations of the paired differences: the chance
+    that the t statistic, noncentral with ``effect_size * sqrt(pairs)``, falls beyond either
+    critical value. Each tail is scipy's survival function (statsmodels' ``TTestPower`` takes the
+    far tail as a CDF, which is NaN for large effects, e.g. 4.5 SDs on 6 pairs)."""
+    from scipy import stats
 
-    return float(TTestPower().power(effect_size=effect_size, nobs=pairs, alpha=alpha, alternative="two-sided"))
+    df, shift = pairs - 1, abs(effect_size) * math.sqrt(pairs)
+    critical = stats.t.isf(alpha / 2, df)
+    return float(stats.nct.sf(critical, df, shift) + stats.nct.sf(critical, df, -shift))
 
 
 def seeds_needed(sd: float, margin: float) -> int:

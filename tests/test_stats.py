@@ -326,3 +326,15 @@ def test_paired_power_matches_the_paired_t_test_it_sizes():
     assert paired_power(0.0, 16) == pytest.approx(0.05)  # no effect: the test's level
     n = seeds_needed(1.0, 0.7)
     assert paired_power(0.7, n) >= 0.8 > paired_power(0.7, n - 1)
+
+
+def test_paired_power_holds_for_effects_far_larger_than_the_spread():
+    """A large effect on few pairs (chapter 7's LS per skip: 4.5 SDs) has power near 1, not NaN;
+    sizing must not climb past the pairs that already suffice."""
+    from scipy.stats import ttest_1samp
+
+    diffs = np.random.default_rng(4).normal(4.5, 1.0, size=(4000, 3))
+    simulated = float((ttest_1samp(diffs, 0.0, axis=1).pvalue < 0.05).mean())
+    assert abs(simulated - paired_power(4.5, 3)) < 0.02
+    assert all(0.999 < paired_power(4.5, n) <= 1.0 for n in (6, 8, 40))
+    assert seeds_needed(0.013, 0.0586) == 3
