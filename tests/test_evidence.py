@@ -6,6 +6,7 @@ import math
 import warnings
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -30,9 +31,9 @@ from scalelong_edu.evidence import (
     spread_by,
     xt_norm_ratio,
 )
-from scalelong_edu.experiments import ExperimentResult
+from scalelong_edu.experiments import CONFIRMATIONS, ExperimentResult
 from scalelong_edu.probes import COLUMNS
-from scalelong_edu.stats import mean_se, oscillation, paired_test
+from scalelong_edu.stats import mean_se, oscillation, paired_power, paired_test
 from scalelong_edu.theory import robustness_factor
 
 LN2 = math.log(2)
@@ -829,6 +830,11 @@ def test_the_declared_powers_of_the_paired_confirmations_hold_on_their_committed
     for name, tests, column, pilot, treatment, baseline, where, power in declared:
         got = evidence.confirmation_power(name, pilot, column, treatment, baseline, tests=tests, **where)
         assert round(got, 2) == power, (name, column, treatment, baseline)
+    fits = evidence.fitted_kappas(finished_so_far("scaling-uvit", "cpu"), ["LS per skip"])  # ls-confirm's pilot
+    log_kappa = np.log(fits.kappa)
+    effect, fresh = abs(log_kappa.mean()) / log_kappa.std(), CONFIRMATIONS["ls-confirm"].fresh
+    assert round(effect, 1) == 4.5 and paired_power(effect, fresh) > 0.999
+    assert round(paired_power(effect / 3, fresh), 2) == 0.95
 
 
 def test_a_paired_claim_carries_its_family_landed_or_not():
