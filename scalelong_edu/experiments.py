@@ -263,7 +263,8 @@ class Confirmation:
         first, fresh: the first fresh seed, and how many.
         cautious: for a confirmation of breakdown rates (CS against no scaling, exact McNemar):
             the lower rate of CS breakdowns at which its power is also stated; ``None`` for one of
-            paired endpoints (paired t-tests with the 5% margin of the pilot's claims).
+            endpoints (t-tests with the margins of the pilot's claims: paired by seed, or over one
+            arm's runs, as ``ls-confirm``'s fitted decay).
     """
 
     pilot: str
@@ -347,8 +348,8 @@ def _lr_sweep(backbone: str, scales: tuple[float, ...] = (1, 4, 8, 16)) -> tuple
 def _confirmation(name: str, what: str, runs: tuple[RunSpec, ...], **settings: Any) -> Experiment:
     """The experiment of the declared confirmation ``name`` (:data:`CONFIRMATIONS`): ``runs``
     measured with ``settings``. A breakdown confirmation is measured as its pilot and lists the
-    pilot's seeds too (their runs are reused, not trained again); one of paired endpoints lists its
-    fresh seeds only."""
+    pilot's seeds too (their runs are reused, not trained again); one of endpoints lists its fresh
+    seeds only."""
     declared = CONFIRMATIONS[name]
     first, fresh = declared.first, declared.fresh
     if declared.cautious is not None:

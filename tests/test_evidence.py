@@ -806,8 +806,8 @@ def test_trend_over_a_run_table_skips_runs_without_the_value_and_needs_four():
     assert evidence.trend(table.iloc[:3], "N", "osc") is None
 
 
-def test_the_declared_powers_of_the_paired_confirmations_hold_on_their_committed_pilots():
-    """experiments.CONFIRMATIONS states each paired confirmation's power at its pilot's effect."""
+def test_the_declared_powers_of_the_confirmations_of_endpoints_hold_on_their_committed_pilots():
+    """experiments.CONFIRMATIONS states each confirmation's power at its pilot's effect."""
     from scalelong_edu.experiments import finished_so_far
 
     unet = evidence.run_table(finished_so_far("main-unet", "cpu"))
