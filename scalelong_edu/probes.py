@@ -196,7 +196,7 @@ def _adam_sums(state: dict, group: dict, previous: Tensor | None) -> Tensor:
     v_used = state["max_exp_avg_sq"] if group["amsgrad"] else v
     update = (m.abs() / (1 - beta1**t)) / (v_used.sqrt() / math.sqrt(1 - beta2**t) + float(group["eps"]))
     log_v = v.double().clamp_min(1e-30).log()  # float64: the variance below is a difference of sums
-    flips = (m.signbit() != previous).sum() if previous is not None else torch.zeros(())
+    flips = (m.signbit() != previous).sum() if previous is not None else m.new_zeros((), dtype=torch.long)
     sums = [m.abs().sum(), v.sum(), update.sum(), log_v.sum(), log_v.square().sum(), flips]
     return torch.stack([x.double() for x in sums])
 

@@ -41,6 +41,13 @@ def test_gpu_evidence_trains_the_main_comparison_and_sets_its_verdicts_beside_th
     assert "8 runs in" in out and "feature_range" in out
 
 
+def test_gpu_evidence_sizes_the_gpu_comparison_by_its_options():
+    profile = _script("gpu_evidence").evidence_profile("gpu", steps=400, seeds=3)
+    plan = ex.work(ex.get_experiment("main-uvit"), profile)
+    assert len(plan.runs) == 12 and {r.steps for r in plan.runs} == {400}  # 3 seeds x 4 methods
+    assert (profile.uvit, profile.image_size, profile.sample_steps) == ("uvit-m", 32, 50)
+
+
 def test_t4_estimate_reads_each_chapters_experiments_from_its_notebook():
     chapters = _script("t4_estimate").chapter_experiments
     assert chapters(4) == ("main-uvit", "main-unet", "unet-confirm", "uvit-confirm")  # f"main-{b}": one name per backbone

@@ -15,6 +15,7 @@ from scalelong_edu.probes import (
     COLUMNS,
     FeatureNorms,
     ProbeRecorder,
+    _adam_sums,
     adam_stats,
     grad_norms,
     jacobian_norm,
@@ -248,6 +249,15 @@ def test_adam_stats_after_one_step_see_sign_updates():
         p.grad = torch.full_like(p, 0.5)
     opt.step()
     assert value(adam_stats(opt, model), block="model", quantity="update_size") == pytest.approx(1.0)
+
+
+def test_adam_sums_stay_on_the_parameters_device():
+    """On a GPU the first call (no previous signs) once stacked a CPU zero with CUDA sums and crashed
+    every run; the meta device stands in for a GPU here."""
+    m = torch.ones(3, device="meta")
+    state = {"exp_avg": m, "exp_avg_sq": m, "step": torch.tensor(1.0)}
+    group = {"betas": (0.9, 0.999), "amsgrad": False, "eps": 1e-8}
+    assert _adam_sums(state, group, previous=None).device == m.device
 
 
 def test_adam_stats_skip_parameters_without_state():
