@@ -13,7 +13,8 @@ recordings not counted), and 12 workers finished none of the 64 runs within 450 
 take about 370 s one after another by that estimate: sharing the GPU between processes bought
 nothing measurable. Eight minutes hold, by that estimate, about 3 seeds x 4 methods at 400 steps
 (``--seeds 3 --steps 400``), enough to check that the comparison trains and is recorded on a GPU,
-not to decide a claim; the full comparison at this size needs about an hour of one GPU.
+not to decide a claim; all 64 runs at the default 1,200 steps need 66-98 min of one GPU by the
+same step times, before the recordings.
 
 The result is written in the cache format as ``main-uvit-<profile>-<hash>.json.gz`` to ``--out``
 (default: ``results_dir()``, where the book's helpers load it like any other; on a device machine,
