@@ -32,7 +32,7 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
          "stability-deep", "stability-confirm", "breakdown-confirm", "unet-confirm", "uvit-confirm",
-         "ls-confirm", "depth-confirm"]
+         "ls-confirm", "depth-confirm", "unet-fcd-confirm"]
 
 
 @pytest.fixture(autouse=True)
