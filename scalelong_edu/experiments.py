@@ -327,8 +327,9 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   of which lean to *absent* (27% each if the pilot's estimates hold). Chapter 7's family of two:
   LS reaches the FCD target sooner (1.06x, SD 0.101: 63%) and LS's features oscillate less
   (0.83x, SD 0.43: 41%). Chapter 4's family of one: CS's gradients oscillate less (1.07x, against
-  the paper, SD 0.21: 33%). About three decisions expected at the pilot's effects, one and a half
-  at half of them (depth-confirm's lesson: pilots overstate)."""
+  the paper, SD 0.21: 33%). Decided rows expected (reproduced, contradicted or absent, by
+  simulation at level 0.05 / family size): 3.1 at the pilot's effects, 2.3 at half of them
+  (depth-confirm's lesson: pilots overstate)."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
