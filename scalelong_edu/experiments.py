@@ -321,7 +321,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
 * ``unet-fcd-confirm``: pilot ``main-unet``, its four methods, 24 fresh seeds after
   ``unet-confirm``'s (36-59), measured with the pilot's Frechet distances (256 samples every 200
   steps) and EMA loss, without its early probes, batch norms and Adam statistics (375 s a run
-  here, against the pilot's 1,069). Chapter 6's family of three: 1/sqrt(2)-CS reaches the FCD
+  here, against the pilot's 1,069); each speed target by the pilot's rule
+  (:data:`scalelong_edu.evidence.SPEED_AT`) on its own unscaled runs. Chapter 6's family of three: 1/sqrt(2)-CS reaches the FCD
   target sooner (pilot speed-up 1.05x, SD 0.049 on the log scale: 97% power); CS reaches it
   sooner (1.02x, SD 0.090: 9%) and CS's final FCD is lower (1.02x worse, SD 0.088: 10%), both
   of which lean to *absent* (27% each if the pilot's estimates hold). Chapter 7's family of two:
