@@ -1003,20 +1003,22 @@ def speedup_verdict(speed: pd.DataFrame, label: str, margin: float = 0.05) -> tu
     return text, test
 
 
-def speedup_claim(chapter: int, paper: str, result: ExperimentResult, label: str, planned: int, *,
-                  quantity: str = "fcd", baseline: str = "none", margin: float = 0.05) -> Claim:
-    """The claims-table line of "``label`` trains faster than ``baseline``" (:func:`speedup` of
-    ``quantity``, :func:`speedup_verdict`) on the seeds both arms have finished out of the
-    ``planned`` ones: *undecided* until all have landed, and without a test while fewer than two
-    have. The target still reads every finished baseline run (:func:`speed_target`)."""
+def speedup_claim(chapter: int, paper: str, speed: pd.DataFrame, label: str, planned: int, *,
+                  baseline: str = "none", margin: float = 0.05, family: str = "") -> Claim:
+    """The claims-table line of "``label`` trains faster than ``baseline``" (:func:`speedup_verdict`)
+    on ``speed``, a table of :func:`speedup` (of the runs finished so far: :func:`landed` with it as
+    ``measure``, empty while none has), on the seeds both arms have finished out of the ``planned``
+    ones: *undecided* until all have landed, and without a test while fewer than two have; in the
+    Holm ``family`` given (as :func:`paired_claim`). The target still reads every finished baseline
+    run (:func:`speed_target`)."""
     from .ledger import Claim
 
-    rows = _paired_seeds(speedup(result, quantity, baseline), label, baseline, {}, arm="label")
+    rows = _paired_seeds(speed, label, baseline, {}, arm="label")
     n = rows.seed.nunique()
     if n < 2:
-        return landing_claim(chapter, paper, n, planned)
+        return replace(landing_claim(chapter, paper, n, planned), family=family)
     text, test = speedup_verdict(rows, label, margin)
-    return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned)
+    return Claim(chapter, paper, text, test=test, margin=f"{margin:.0%}", planned=planned, family=family)
 
 
 def geometric_fit(kappas: Sequence[float]) -> tuple[float, float, float]:

@@ -322,15 +322,17 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   ``unet-confirm``'s (36-59), measured with the pilot's Frechet distances (256 samples every 200
   steps) and EMA loss, without its early probes, batch norms and Adam statistics (375 s a run
   here, against the pilot's 1,069); each speed target by the pilot's rule
-  (:data:`scalelong_edu.evidence.SPEED_AT`) on its own unscaled runs. Chapter 6's family of three: 1/sqrt(2)-CS reaches the FCD
-  target sooner (pilot speed-up 1.05x, SD 0.049 on the log scale: 97% power); CS reaches it
-  sooner (1.02x, SD 0.090: 9%) and CS's final FCD is lower (1.02x worse, SD 0.088: 10%), both
-  of which lean to *absent* (27% each if the pilot's estimates hold). Chapter 7's family of two:
-  LS reaches the FCD target sooner (1.06x, SD 0.101: 63%) and LS's features oscillate less
-  (0.83x, SD 0.43: 41%). Chapter 4's family of one: CS's gradients oscillate less (1.07x, against
-  the paper, SD 0.21: 33%). Decided rows expected (reproduced, contradicted or absent, by
-  simulation at level 0.05 / family size): 3.1 at the pilot's effects, 2.3 at half of them
-  (depth-confirm's lesson: pilots overstate)."""
+  (:data:`scalelong_edu.evidence.SPEED_AT`) on its own unscaled runs. Powers as above, and the
+  chance of a decision of either kind, *absent* included (:func:`scalelong_edu.stats.decision_chance`,
+  at level 0.05 / family size). Chapter 6's family of three: 1/sqrt(2)-CS reaches the FCD target
+  sooner (pilot speed-up 1.05x, SD 0.049 on the log scale: 97% power); CS reaches it sooner
+  (1.02x, SD 0.090: 9%, a decision 35%) and CS's final FCD is lower (1.02x worse, SD 0.088: 10%,
+  a decision 37%), both leaning to *absent* (which a speed-up run that never reaches its target
+  rules out; no pilot run was one). Chapter 7's family of two: LS reaches the FCD target
+  sooner (1.06x, SD 0.101: 63%) and LS's features oscillate less (0.83x, SD 0.43: 41%). Chapter
+  4's family of one: CS's gradients oscillate less (1.07x, against the paper, SD 0.21: 33%).
+  Decided rows expected: 3.1 at the pilot's effects, 2.3 at half of them (depth-confirm's lesson:
+  pilots overstate)."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:

@@ -33,7 +33,7 @@ from scalelong_edu.evidence import (
 )
 from scalelong_edu.experiments import CONFIRMATIONS, ExperimentResult
 from scalelong_edu.probes import COLUMNS
-from scalelong_edu.stats import mean_se, oscillation, paired_power, paired_test
+from scalelong_edu.stats import decision_chance, mean_se, oscillation, paired_power, paired_test
 from scalelong_edu.theory import robustness_factor
 
 LN2 = math.log(2)
@@ -686,12 +686,17 @@ def test_speedup_counts_the_steps_to_a_declared_target_paired_by_seed():
 def test_speedup_claim_pairs_only_seeds_both_arms_finished():
     curves = {("none", 0): [40, 30, 20, 10], ("none", 1): [40, 34, 20, 12], ("none", 2): [40, 30, 20, 10],
               ("CS", 0): [30, 10, 8, 6], ("CS", 1): [40, 20, 12, 11]}  # CS seed 2 has not landed
-    claim = evidence.speedup_claim(6, "CS trains faster", fd_result(curves), "CS", planned=3)
+    claim = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(curves)), "CS", planned=3)
     assert claim.test.n == 2 and claim.landing and claim.decided == "undecided"
     assert claim.measured.startswith("speed-up ") and claim.measured.endswith("n = 2")
     one = {k: v for k, v in curves.items() if k[1] == 0 or k[0] == "none"}
-    early = evidence.speedup_claim(6, "CS trains faster", fd_result(one), "CS", planned=3)
+    early = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(one)), "CS",
+                                   planned=3)
     assert early.test is None and early.measured == "runs landing: 1 of 3 seeds"
+    none_yet = evidence.speedup_claim(6, "CS trains faster", pd.DataFrame(), "CS", planned=3, family="f")
+    assert none_yet.test is None and none_yet.measured == "runs landing: 0 of 3 seeds" and none_yet.family == "f"
+    assert evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(curves)), "CS", planned=3,
+                                  family="f").family == "f"
 
 
 def test_speedup_recovers_a_known_speedup_and_finds_none_where_there_is_none():
@@ -835,6 +840,34 @@ def test_the_declared_powers_of_the_confirmations_of_endpoints_hold_on_their_com
     effect, fresh = abs(log_kappa.mean()) / log_kappa.std(), CONFIRMATIONS["ls-confirm"].fresh
     assert round(effect, 1) == 4.5 and paired_power(effect, fresh) > 0.999
     assert round(paired_power(effect / 3, fresh), 2) == 0.95
+
+
+def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
+    """experiments.CONFIRMATIONS states, for unet-fcd-confirm, each row's power and (where a row
+    leans to absent) its chance of a decision, and the decided rows expected at the pilot's effects
+    and at half of them."""
+    from scalelong_edu.experiments import finished_so_far
+
+    pilot = finished_so_far("main-unet", "cpu")
+    table, speed = evidence.run_table(pilot), evidence.speedup(pilot)
+    cs = "CS (kappa=0.5)"
+    declared = [  # (test on the pilot, its family's size, power, chance of a decision or None)
+        (evidence.speedup_verdict(speed, "1/sqrt(2)-CS")[1], 3, 0.97, None),  # chapter 6
+        (evidence.speedup_verdict(speed, cs)[1], 3, 0.09, 0.35),
+        (compare(table, "fcd", cs), 3, 0.10, 0.37),
+        (evidence.speedup_verdict(speed, "LS")[1], 2, 0.63, None),  # chapter 7
+        (compare(table, "feature_osc", "LS"), 2, 0.41, None),
+        (compare(table, "grad_osc", cs), 1, 0.33, None)]  # chapter 4
+    fresh, margin = CONFIRMATIONS["unet-fcd-confirm"].fresh, math.log1p(0.05)
+    expected = {1.0: 0.0, 0.5: 0.0}
+    for test, tests, power, chance in declared:
+        assert round(paired_power(abs(test.estimate) / test.sd, fresh, 0.05 / tests), 2) == power
+        for scale in expected:
+            decided = decision_chance(scale * test.estimate, test.sd, fresh, margin, 0.05 / tests)
+            expected[scale] += decided
+            if scale == 1.0 and chance is not None:
+                assert round(decided, 2) == chance
+    assert (round(expected[1.0], 1), round(expected[0.5], 1)) == (3.1, 2.3)
 
 
 def test_a_paired_claim_carries_its_family_landed_or_not():

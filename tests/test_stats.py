@@ -10,6 +10,7 @@ import numpy as np
 from scalelong_edu.stats import (
     VERDICTS,
     MeanSE,
+    decision_chance,
     holm,
     mcnemar_pairs_needed,
     mcnemar_power,
@@ -326,6 +327,20 @@ def test_paired_power_matches_the_paired_t_test_it_sizes():
     assert paired_power(0.0, 16) == pytest.approx(0.05)  # no effect: the test's level
     n = seeds_needed(1.0, 0.7)
     assert paired_power(0.7, n) >= 0.8 > paired_power(0.7, n - 1)
+
+
+def test_decision_chance_is_the_share_of_experiments_paired_test_decides():
+    """A known answer: simulated experiments, each decided by paired_test's own verdict."""
+    margin = math.log1p(0.05)
+    for mean in (0.0, 0.02, 0.05):  # absent likely, either way, reproduced likely
+        rng = np.random.default_rng(7)
+        verdicts = [paired_test(np.zeros(24), rng.normal(mean, 0.09, 24), margin).verdict for _ in range(600)]
+        decided = 1 - verdicts.count("undecided") / len(verdicts)  # SE at most 0.02
+        assert abs(decided - decision_chance(mean, 0.09, 24, margin)) < 0.07, mean
+    tiny = 1e-6  # no interval fits inside: only significance decides, as paired_power counts it
+    assert decision_chance(0.7, 1.0, 16, tiny, alpha=0.025) == pytest.approx(paired_power(0.7, 16, 0.025), abs=0.02)
+    with pytest.raises(ValueError, match="sd > 0"):
+        decision_chance(0.1, 0.0, 24, margin)
 
 
 def test_paired_power_holds_for_effects_far_larger_than_the_spread():
