@@ -686,17 +686,14 @@ def test_speedup_counts_the_steps_to_a_declared_target_paired_by_seed():
 def test_speedup_claim_pairs_only_seeds_both_arms_finished():
     curves = {("none", 0): [40, 30, 20, 10], ("none", 1): [40, 34, 20, 12], ("none", 2): [40, 30, 20, 10],
               ("CS", 0): [30, 10, 8, 6], ("CS", 1): [40, 20, 12, 11]}  # CS seed 2 has not landed
-    claim = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(curves)), "CS", planned=3)
-    assert claim.test.n == 2 and claim.landing and claim.decided == "undecided"
+    claim = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(curves)), "CS", 3, family="f")
+    assert claim.test.n == 2 and claim.landing and claim.decided == "undecided" and claim.family == "f"
     assert claim.measured.startswith("speed-up ") and claim.measured.endswith("n = 2")
     one = {k: v for k, v in curves.items() if k[1] == 0 or k[0] == "none"}
-    early = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(one)), "CS",
-                                   planned=3)
+    early = evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(one)), "CS", planned=3)
     assert early.test is None and early.measured == "runs landing: 1 of 3 seeds"
     none_yet = evidence.speedup_claim(6, "CS trains faster", pd.DataFrame(), "CS", planned=3, family="f")
     assert none_yet.test is None and none_yet.measured == "runs landing: 0 of 3 seeds" and none_yet.family == "f"
-    assert evidence.speedup_claim(6, "CS trains faster", evidence.speedup(fd_result(curves)), "CS", planned=3,
-                                  family="f").family == "f"
 
 
 def test_speedup_recovers_a_known_speedup_and_finds_none_where_there_is_none():

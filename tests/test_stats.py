@@ -332,7 +332,7 @@ def test_paired_power_matches_the_paired_t_test_it_sizes():
 def test_decision_chance_is_the_share_of_experiments_paired_test_decides():
     """A known answer: simulated experiments, each decided by paired_test's own verdict."""
     margin = math.log1p(0.05)
-    for mean in (0.0, 0.02, 0.05):  # absent likely, either way, reproduced likely
+    for mean in (0.0, 0.02, 0.05):  # decided 49%, 45%, 76%: mostly absent, either, mostly significant
         rng = np.random.default_rng(7)
         verdicts = [paired_test(np.zeros(24), rng.normal(mean, 0.09, 24), margin).verdict for _ in range(600)]
         decided = 1 - verdicts.count("undecided") / len(verdicts)  # SE at most 0.02
