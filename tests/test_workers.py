@@ -101,7 +101,7 @@ def test_ctrl_c_says_what_is_kept_in_one_line_and_exits_130(tmp_path, flags):
         time.sleep(1)
     os.killpg(parent.pid, signal.SIGINT)
     out, err = parent.communicate(timeout=120)
-    assert parent.returncode == 130
+    assert parent.returncode == 130, err
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert last.startswith("interrupted; 0 of 2 runs kept in ") and last.endswith("; rerun to continue")
