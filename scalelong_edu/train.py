@@ -35,6 +35,7 @@ from . import __version__
 from .diffusion import Schedule, eps_loss
 from .files import atomic_write, check_free_space, check_writable
 from .scaling import SkipScaling
+from .workers import interrupts_deferred
 
 CHECKPOINT_FORMAT = 2
 #: settings a checkpoint may be resumed with changed, when asked (``fit(..., new_settings=True)``)
@@ -266,9 +267,10 @@ class Trainer:
         self.model = model.to(self.device)
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.net = DistributedDataParallel(self.model) if self.world > 1 else self.model
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
+        with interrupts_deferred():  # the first optimizer imports torch._dynamo
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._warmup_factor(s))
         self.amp_dtype = config.amp_dtype(self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)

@@ -64,6 +64,27 @@ def _interrupts_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def interrupts_deferred():
+    """Hold a Ctrl-C (SIGINT) that arrives during the block and deliver it when the block ends.
+
+    For steps that an interrupt must not cut in half. The first optimizer makes torch import
+    ``torch._dynamo``, and a Ctrl-C inside that import can be swallowed as a failed optional
+    import: training then goes on, or fails later with an unrelated error. Outside the main
+    thread, where no signal handler runs, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # to the handler the block found
+
+
 def exit_reason(code: int) -> str:
     """A process's exit code in words: ``"killed by signal 9 (SIGKILL: out of memory?)"``."""
     if code >= 0:

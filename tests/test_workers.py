@@ -107,6 +107,21 @@ def test_ctrl_c_says_what_is_kept_in_one_line_and_exits_130(tmp_path, flags):
     assert last.startswith("interrupted; 0 of 2 runs kept in ") and last.endswith("; rerun to continue")
 
 
+def test_a_ctrl_c_inside_a_deferred_block_arrives_when_the_block_ends():
+    """The interrupt is neither lost nor raised half-way (the Trainer's first optimizer)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    finished = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with workers.interrupts_deferred():
+                signal.raise_signal(signal.SIGINT)
+                finished.append("block")
+            finished.append("after")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert finished == ["block"]
+
+
 def test_workers_are_capped_at_the_runs_left_and_warned_above_the_cores(tmp_path, monkeypatch, capsys):
     """Case 5: --workers 8 for 2 runs starts 2 workers; above the cores it warns; each finished
     run shows its worker's peak memory."""
