@@ -26,7 +26,7 @@ import threading
 import time
 from contextlib import contextmanager
 from multiprocessing.connection import wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 WATCH_SECONDS = 1.0
 """How often a worker checks that its parent is alive."""
@@ -52,12 +52,13 @@ def _worker(target: Callable[..., Any], args: tuple, parent: int) -> None:
 
 
 @contextmanager
-def _interrupts_ignored():
-    """Ignore SIGINT in this (main) thread for the duration; elsewhere do nothing."""
+def _sigint_handled_by(handler: Callable[..., Any] | signal.Handlers) -> Iterator[None]:
+    """Let ``handler`` take SIGINT in this (main) thread for the duration, then restore the one
+    before; elsewhere do nothing (only the main thread can set signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
@@ -65,22 +66,18 @@ def _interrupts_ignored():
 
 
 @contextmanager
-def interrupts_deferred():
+def interrupts_deferred() -> Iterator[None]:
     """Hold a Ctrl-C (SIGINT) that arrives during the block and deliver it when the block ends.
 
     For steps that an interrupt must not cut in half. The first optimizer makes torch import
     ``torch._dynamo``, and a Ctrl-C inside that import can be swallowed as a failed optional
     import: training then goes on, or fails later with an unrelated error. Outside the main
     thread, where no signal handler runs, it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
     try:
-        yield
+        with _sigint_handled_by(lambda *_: held.append(True)):
+            yield
     finally:
-        signal.signal(signal.SIGINT, previous)
         if held:
             signal.raise_signal(signal.SIGINT)  # to the handler the block found
 
@@ -109,7 +106,7 @@ def run_in_processes(
             while queue and len(running) < workers:
                 index, args = queue.pop(0)
                 process = context.Process(target=_worker, args=(target, args, os.getpid()), daemon=True)
-                with _interrupts_ignored():  # inherited: Ctrl-C while the worker starts up is ignored too
+                with _sigint_handled_by(signal.SIG_IGN):  # inherited: Ctrl-C while the worker starts up is ignored too
                     process.start()
                 running[process.sentinel] = (index, process)
             for sentinel in wait(list(running)):
