@@ -432,6 +432,32 @@ def mcnemar_pairs_needed(discordant: float, towards: float, limit: int = 5000) -
     raise ValueError(f"no number of pairs up to {limit} gives the exact McNemar test {POWER:.0%} power here")
 
 
+def rates_decision_chance(pairs: int, baseline_events: int, treatment: float, margin: float,
+                          alpha: float = ALPHA) -> float:
+    """The chance that :func:`paired_rates` on ``pairs`` pairs decides a claim when the baseline
+    arm's runs are already trained (``baseline_events`` of them had the event) and each treatment
+    run has it independently with probability ``treatment``: that the exact McNemar test is
+    significant at level ``alpha`` (e.g. ``ALPHA / k`` in a Holm family of ``k``, a lower bound), or
+    that both arms' exact upper bounds lie below ``margin`` (*absent*). Exact: summed over the
+    treatment's events on the seeds where the baseline had one and on those where it had not."""
+    from scipy.stats import binom, binomtest
+
+    _check_probabilities(treatment=treatment, margin=margin)
+    if not 0 <= baseline_events <= pairs or pairs < 1:
+        raise ValueError(f"need 0 <= baseline_events <= pairs and pairs >= 1, got {baseline_events}, {pairs}")
+    base_high = exact_interval(baseline_events, pairs)[1]
+    chance = 0.0
+    for with_base in range(baseline_events + 1):  # treatment events on seeds where the baseline had one
+        for alone in range(pairs - baseline_events + 1):  # ... and where it had none
+            discordant = baseline_events - with_base + alone
+            p = 1.0 if discordant == 0 else binomtest(alone, discordant, 0.5).pvalue
+            absent = max(base_high, exact_interval(with_base + alone, pairs)[1]) < margin
+            if p < alpha or absent:
+                chance += binom.pmf(with_base, baseline_events, treatment) * binom.pmf(alone, pairs - baseline_events,
+                                                                                     treatment)
+    return float(chance)
+
+
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
                  direction: str = "less") -> RateTest:
     """Compare how often an event (a breakdown) happens, run by run: ``baseline[k]`` and
