@@ -262,9 +262,11 @@ class Confirmation:
         pilot: the experiment whose claims it re-tests; its seeds are ``0 ..`` and lie below
             ``first``.
         first, fresh: the first fresh seed (after the pilot's and those of any earlier
-            confirmation of the same runs), and how many.
-        cautious: for a confirmation of breakdown rates (CS against no scaling, exact McNemar):
-            the lower rate of CS breakdowns at which its power is also stated; ``None`` for one of
+            confirmation of the same runs; one that tests other arms may share an earlier one's
+            seeds, reusing its unscaled runs), and how many.
+        cautious: for a confirmation of breakdown rates (a scaled method against no scaling, exact
+            McNemar): a rate of the scaled method's breakdowns, other than its pilot's, at which its
+            power or chance of a decision is also stated; ``None`` for one of
             endpoints (t-tests with the margins of the pilot's claims: paired by seed, or over one
             arm's runs, as ``ls-confirm``'s fitted decay).
     """

@@ -19,6 +19,7 @@ oscillates during training" one way everywhere.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -361,6 +362,7 @@ class RateTest:
         return _decide(p < ALPHA, claimed, max(self.ci[0][1], self.ci[1][1]) < self.margin)
 
 
+@functools.lru_cache(maxsize=None)
 def exact_interval(events: int, runs: int) -> tuple[float, float]:
     """The exact (Clopper-Pearson) 95% interval of a rate: ``events`` of ``runs`` (scipy)."""
     from scipy.stats import binomtest
@@ -375,8 +377,16 @@ def _mcnemar_rejects(discordant_pairs: int, towards: float) -> float:
     from scipy.stats import binom
 
     c = np.arange(discordant_pairs + 1)
-    p = np.minimum(1.0, 2 * np.minimum(binom.cdf(c, discordant_pairs, 0.5), binom.sf(c - 1, discordant_pairs, 0.5)))
-    return float(binom.pmf(c, discordant_pairs, towards)[p < ALPHA].sum())
+    return float(binom.pmf(c, discordant_pairs, towards)[_mcnemar_p(c, discordant_pairs) < ALPHA].sum())
+
+
+def _mcnemar_p(towards: np.ndarray, discordant: np.ndarray | int) -> np.ndarray:
+    """The exact McNemar test's two-sided p-value when ``towards`` of ``discordant`` pairs that
+    disagree go one arm's way (as scipy's ``binomtest`` at 0.5 gives it; 1 with no such pair)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    return np.minimum(1.0, 2 * np.minimum(binom.cdf(towards, discordant, 0.5), binom.sf(towards - 1, discordant, 0.5)))
 
 
 def _check_probabilities(**values: float) -> None:
@@ -440,22 +450,19 @@ def rates_decision_chance(pairs: int, baseline_events: int, treatment: float, ma
     significant at level ``alpha`` (e.g. ``ALPHA / k`` in a Holm family of ``k``, a lower bound), or
     that both arms' exact upper bounds lie below ``margin`` (*absent*). Exact: summed over the
     treatment's events on the seeds where the baseline had one and on those where it had not."""
-    from scipy.stats import binom, binomtest
+    import numpy as np
+    from scipy.stats import binom
 
     _check_probabilities(treatment=treatment, margin=margin)
     if not 0 <= baseline_events <= pairs or pairs < 1:
         raise ValueError(f"need 0 <= baseline_events <= pairs and pairs >= 1, got {baseline_events}, {pairs}")
-    base_high = exact_interval(baseline_events, pairs)[1]
-    chance = 0.0
-    for with_base in range(baseline_events + 1):  # treatment events on seeds where the baseline had one
-        for alone in range(pairs - baseline_events + 1):  # ... and where it had none
-            discordant = baseline_events - with_base + alone
-            p = 1.0 if discordant == 0 else binomtest(alone, discordant, 0.5).pvalue
-            absent = max(base_high, exact_interval(with_base + alone, pairs)[1]) < margin
-            if p < alpha or absent:
-                chance += binom.pmf(with_base, baseline_events, treatment) * binom.pmf(alone, pairs - baseline_events,
-                                                                                     treatment)
-    return float(chance)
+    rest = pairs - baseline_events
+    with_base, alone = np.meshgrid(np.arange(baseline_events + 1), np.arange(rest + 1), indexing="ij")
+    significant = _mcnemar_p(alone, baseline_events - with_base + alone) < alpha
+    high = np.array([exact_interval(k, pairs)[1] for k in range(pairs + 1)])  # upper bound per count
+    absent = np.maximum(high[baseline_events], high[with_base + alone]) < margin
+    chance = binom.pmf(with_base, baseline_events, treatment) * binom.pmf(alone, rest, treatment)
+    return float(chance[significant | absent].sum())
 
 
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,

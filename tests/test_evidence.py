@@ -867,6 +867,24 @@ def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilo
     assert (round(expected[1.0], 1), round(expected[0.5], 1)) == (3.1, 2.3)
 
 
+def test_block_output_confirms_declared_powers_hold_on_its_pilot_at_eta_one_half():
+    """experiments.CONFIRMATIONS states block-output-confirm's power on CS's feature oscillation
+    (at the pilot's effect and at half of it) and its chance of deciding the EMA loss."""
+    import pandas as pd
+
+    from scalelong_edu.experiments import finished_so_far
+
+    grid = evidence.run_table(finished_so_far("kappa-trained", "cpu"))
+    block = evidence.run_table(finished_so_far("block-output-trained", "cpu"))
+    pilot = pd.concat([grid[grid.kappa == 0.5], block[block.kappa == 0.5]])
+    cs, bo, fresh = "CS (kappa=0.5)", "block-output (eta=0.5)", CONFIRMATIONS["block-output-confirm"].fresh
+    osc, loss = (compare(pilot, column, cs, bo) for column in ("feature_osc", "ema_loss"))
+    assert (round(math.exp(osc.estimate), 2), round(osc.sd, 2)) == (0.57, 0.42)
+    assert round(evidence.confirmation_power("block-output-confirm", pilot, "feature_osc", cs, bo, tests=2), 2) == 1.0
+    assert round(paired_power(abs(osc.estimate) / 2 / osc.sd, fresh, 0.025), 2) == 0.69
+    assert round(decision_chance(loss.estimate, loss.sd, fresh, math.log1p(0.05), 0.025), 2) == 0.13
+
+
 def test_a_paired_claim_carries_its_family_landed_or_not():
     table = _paired_table([(1.0, 0.5), (1.0, 0.6), (1.0, 0.55)])
     assert evidence.paired_claim(3, "CS lowers it", table, "loss", "CS", 3, family="f").family == "f"

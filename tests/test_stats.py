@@ -14,6 +14,7 @@ from scalelong_edu.stats import (
     holm,
     mcnemar_pairs_needed,
     mcnemar_power,
+    rates_decision_chance,
     rates_power,
     mean_se,
     detrended,
@@ -315,6 +316,31 @@ def test_mcnemar_pairs_needed_is_exact_where_the_answer_is_known_and_matches_a_s
         mcnemar_pairs_needed(0.0, 0.5)
     with pytest.raises(ValueError, match="no number of pairs"):
         mcnemar_pairs_needed(0.3, 0.5, limit=50)  # no difference between the arms: no power
+
+
+def test_rates_decision_chance_is_the_share_of_experiments_paired_rates_decides():
+    """A known answer: the baseline's runs fixed, the treatment's drawn, each decided by
+    paired_rates' own verdict; and the chances breakdown-scaled-confirm was declared with."""
+    from scipy import integrate
+    from scipy.stats import beta
+
+    rng = np.random.default_rng(5)
+    for events, pairs, rate in ((1, 24, 0.05), (1, 24, 0.3), (21, 30, 0.95)):
+        base = np.arange(pairs) < events
+        decided = np.mean([paired_rates(base, rng.random(pairs) < rate, 0.25).verdict != "undecided"
+                           for _ in range(1500)])  # SE at most 0.013
+        assert abs(decided - rates_decision_chance(pairs, events, rate, 0.25)) < 0.05, (events, rate)
+    assert rates_decision_chance(24, 1, 0.0, 0.25) == 1.0  # neither arm ever above the margin's bound
+    assert rates_decision_chance(30, 21, 0.7, 0.25) < 0.01  # the same rate: nothing to find, nor absent
+    declared = [round(rates_decision_chance(24, 1, rate, 0.25, 0.025), 2) for rate in (0.02, 0.05, 0.1, 0.2)]
+    assert declared == [0.92, 0.66, 0.29, 0.09]
+    averaged = [integrate.quad(lambda t: beta.pdf(t, k + 1, 11 - k) * rates_decision_chance(24, 1, t, 0.25, 0.025),
+                               0, 1, limit=100)[0] for k in (0, 1)]  # over the pilot's 0 and 1 of 10
+    assert [round(a, 2) for a in averaged] == [0.56, 0.33]
+    with pytest.raises(ValueError, match="baseline_events"):
+        rates_decision_chance(24, 25, 0.1, 0.25)
+    with pytest.raises(ValueError, match="treatment"):
+        rates_decision_chance(24, 1, 5.0, 0.25)  # a percentage where a probability belongs
 
 
 def test_paired_power_matches_the_paired_t_test_it_sizes():
