@@ -32,7 +32,8 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "unet-lr-sweep", "stress-search-uvit", "breakdown-uvit", "scaling-uvit", "scaling-unet", "kappa-uvit-stress",
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
-         "stability-deep", "stability-confirm", "breakdown-confirm", "unet-confirm", "uvit-confirm",
+         "stability-deep", "stability-confirm", "breakdown-confirm", "breakdown-scaled-confirm",
+         "block-output-confirm", "unet-confirm", "uvit-confirm",
          "ls-confirm", "depth-confirm", "unet-fcd-confirm"]
 
 
