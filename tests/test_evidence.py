@@ -867,6 +867,25 @@ def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilo
     assert (round(expected[1.0], 1), round(expected[0.5], 1)) == (3.1, 2.3)
 
 
+def test_uvit_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
+    """experiments.CONFIRMATIONS states, for uvit-fcd-confirm's family of two and for the LS row it
+    leaves out, each pilot speed-up, its SD, power and chance of a decision, and that 1 of the
+    pilot's 16 pairs had a run that never reached the target."""
+    from scalelong_edu.experiments import finished_so_far
+
+    speed = evidence.speedup(finished_so_far("main-uvit", "cpu"))
+    fresh, margin = CONFIRMATIONS["uvit-fcd-confirm"].fresh, math.log1p(0.05)
+    declared = {"1/sqrt(2)-CS": (0.98, 0.060, 0.29, 0.82, 1), "CS (kappa=0.5)": (0.99, 0.104, 0.03, 0.24, 0),
+                "LS": (1.10, 0.37, None, 0.15, 0)}
+    for label, (ratio, sd, power, chance, censored) in declared.items():
+        test = evidence.speedup_verdict(speed, label)[1]
+        assert (round(math.exp(-test.estimate), 2), round(test.sd, len(str(sd)) - 2)) == (ratio, sd)
+        assert test.censored == censored and test.n == 16
+        if power is not None:
+            assert round(paired_power(abs(test.estimate) / test.sd, fresh, 0.025), 2) == power
+        assert round(decision_chance(test.estimate, test.sd, fresh, margin, 0.025), 2) == chance
+
+
 def test_block_output_confirms_declared_powers_hold_on_its_pilot_at_eta_one_half():
     """experiments.CONFIRMATIONS states block-output-confirm's power on CS's feature oscillation
     (at the pilot's effect and at half of it) and its chance of deciding the EMA loss."""
