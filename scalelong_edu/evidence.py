@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -574,11 +574,12 @@ class ConfirmationRuns:
                 "p": decided.test.p if decided.test else math.nan, "verdict": decided.decided}
 
 
-def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str = "none",
-                 profile: str | None = None) -> ConfirmationRuns:
+def confirmations(name: str, pilot: pd.DataFrame, treatments: Iterable[str], baseline: str = "none",
+                  profile: str | None = None) -> dict[str, ConfirmationRuns]:
     """The declared confirmation ``name`` of the breakdown rates in ``pilot`` (:func:`run_table` of
-    its pilot experiment), ``treatment`` against ``baseline``: its fresh seeds landed so far, and the
-    power its declaration gives at the pilot's rates (:func:`scalelong_edu.stats.rates_power`)."""
+    its pilot experiment), each of ``treatments`` against ``baseline``, keyed by treatment: its fresh
+    seeds landed so far (read once for all arms), and the power its declaration gives at the pilot's
+    rates (:func:`scalelong_edu.stats.rates_power`)."""
     from .experiments import CONFIRMATIONS
 
     declared = CONFIRMATIONS[name]
@@ -587,9 +588,15 @@ def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str =
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
     if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
         fresh = pilot.iloc[:0]
-    return ConfirmationRuns(name, treatment, baseline, seeds, fresh,
-                            rates_power(declared.fresh, rate[baseline], rate[treatment]), declared.cautious,
-                            rates_power(declared.fresh, rate[baseline], declared.cautious))
+    return {t: ConfirmationRuns(name, t, baseline, seeds, fresh, rates_power(declared.fresh, rate[baseline], rate[t]),
+                                declared.cautious, rates_power(declared.fresh, rate[baseline], declared.cautious))
+            for t in treatments}
+
+
+def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str = "none",
+                 profile: str | None = None) -> ConfirmationRuns:
+    """:func:`confirmations` of one arm, ``treatment``."""
+    return confirmations(name, pilot, [treatment], baseline, profile)[treatment]
 
 
 def confirmation_power(name: str, pilot: pd.DataFrame, column: str, treatment: str, baseline: str = "none", *,
@@ -1061,10 +1068,10 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
 
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
            "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method",
-           "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confident_samples",
-           "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features", "fig1_paths",
-           "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline", "landed",
-           "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
-           "run_table", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target", "speedup",
-           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale",
-           "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confirmations",
+           "confident_samples", "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features",
+           "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline",
+           "landed", "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text",
+           "robustness_table", "run_table", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
+           "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
+           "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]

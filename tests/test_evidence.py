@@ -457,6 +457,23 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "undecided")
 
 
+def test_confirmations_read_the_fresh_runs_once_for_all_arms(monkeypatch):
+    import pandas as pd
+
+    pilot = pd.concat([_paired_table([(1.0, 0.5)] * 10, broke=range(4)),
+                       _paired_table([(1.0, 0.5)] * 10, "LS").query("method == 'LS'")])
+    runs = pd.concat([_paired_table([(1.0, 0.5)] * 40), _paired_table([(1.0, 0.5)] * 40, "LS").query("method == 'LS'")])
+    reads = []
+    monkeypatch.setattr(evidence, "run_table", lambda result: reads.append(result) or runs)
+    monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", lambda name, profile=None: name)
+    arms = evidence.confirmations("stability-confirm", pilot, ["CS", "LS"])
+    assert reads == ["stability-confirm"] and list(arms) == ["CS", "LS"]
+    assert [arm.treatment for arm in arms.values()] == ["CS", "LS"] and arms["CS"].fresh is arms["LS"].fresh
+    one = evidence.confirmation("stability-confirm", pilot, "LS")
+    assert (one.treatment, one.power, one.cautious_power) == (arms["LS"].treatment, arms["LS"].power,
+                                                             arms["LS"].cautious_power) and one.fresh.equals(arms["LS"].fresh)
+
+
 def test_breakdown_rates_count_per_method_with_exact_intervals():
     rates = evidence.breakdown_rates(_paired_table([(1.0, 0.5)] * 10, broke=range(5)))
     assert list(rates.index) == ["none", "CS"]
