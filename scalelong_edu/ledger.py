@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .stats import VERDICTS, PairedTest, RateTest, TrendTest, holm
 
@@ -163,6 +163,21 @@ def publish(chapter: int, claims: list[Claim]) -> Styler:
     return table.style.hide(axis="index").map(_verdict_style, subset=["verdict"])
 
 
+def verdict_counts(verdicts: Iterable[str]) -> str:
+    """How many of ``verdicts`` (a few decided claims, e.g. a comparison's rows on one backbone)
+    got each of :data:`VERDICTS`, in that order, for prose that sums the rows up: ``["undecided",
+    "absent", "absent"]`` gives ``"2 absent, 1 undecided"``.
+
+    Raises:
+        ValueError: a verdict is not one of :data:`VERDICTS`, or there are none.
+    """
+    verdicts = list(verdicts)
+    unknown = sorted(set(verdicts) - set(VERDICTS))
+    if unknown or not verdicts:
+        raise ValueError(f"need one or more of {VERDICTS}, got {unknown or 'none'}: pass Claim.decided after decide()")
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
+
+
 VERDICT_COLOURS = {"reproduced": "#1b7837", "contradicted": "#b2182b", "absent": "#2166ac", "undecided": "#6b6b6b",
                    "not tested here": "#6b6b6b"}
 
@@ -304,4 +319,4 @@ def tally(ledger: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["COLUMNS", "VERDICTS", "Claim", "claims_table", "collect", "decide", "glued_table", "publish", "read_claims",
-           "shown", "tally"]
+           "shown", "tally", "verdict_counts"]

@@ -189,3 +189,12 @@ def test_the_book_ledger_shows_what_the_chapters_glue():
     shown = ledger.glued_table(ROOT / "book" / "ledger.ipynb", "ledger")
     assert set(expected.chapter.astype(int)) == set(range(1, 9)), "every chapter 1-8 publishes claims"
     pd.testing.assert_frame_equal(shown, expected)
+
+
+def test_verdict_counts_sums_up_rows_in_verdict_order():
+    assert ledger.verdict_counts(["undecided", "absent", "absent"]) == "2 absent, 1 undecided"
+    assert ledger.verdict_counts(iter(["reproduced"])) == "1 reproduced"
+    with pytest.raises(ValueError, match="decide"):
+        ledger.verdict_counts(["probably"])
+    with pytest.raises(ValueError, match="none"):
+        ledger.verdict_counts([])
