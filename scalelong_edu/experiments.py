@@ -290,7 +290,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
                  "depth-confirm": Confirmation("depth-trained", TRAINED["seeds"], 20),
                  "unet-fcd-confirm": Confirmation("main-unet", MAIN_SEEDS["unet"] + 24, 24),
                  "uvit-fcd-confirm": Confirmation("main-uvit", MAIN_SEEDS["uvit"] + 24, 24),
-                 "block-output-confirm": Confirmation("block-output-trained", TRAINED["seeds"], 20)}
+                 "block-output-confirm": Confirmation("block-output-trained", TRAINED["seeds"], 20),
+                 "depth-speed-confirm": Confirmation("depth-uvit", 3, 12)}
 """The declared confirmations (power: of each test at the pilot's paired mean and SD, at level
 0.05 / the claims of its family, a lower bound for Holm's):
 
@@ -365,7 +366,14 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   scale, power 29%, a decision 82%, mostly *absent*, which a pair with a run that never reaches the
   target rules out (1 of the pilot's 16 pairs had one). CS: 0.99x, SD 0.104, power 3%, a decision
   24%. About one decided row expected; resampling the pilot's pairs (2,000 draws of 24, the
-  pilot's target) gives 35% and 45%. LS is left out: 1.10x, SD 0.37, a decision 15%."""
+  pilot's target) gives 35% and 45%. LS is left out: 1.10x, SD 0.37, a decision 15%.
+* ``depth-speed-confirm``: pilot ``depth-uvit`` (three seeds), none vs CS (kappa = 0.5) vs LS at
+  N = 2, 4, 6, 8, 12 fresh seeds (3-14), measured as the pilot without its Frechet distance:
+  48 pairs (seed, N) a method, as the pilot's 12 are pooled over N. Chapter 8's family of two, the
+  U-ViT's early speed (lower final loss after a third of the steps): LS (pilot 0.90x, SD 0.245 on
+  the log scale: 70% power at level 0.025, 19% at half the effect) and CS (0.91x, SD 0.272: 55%,
+  15%). About 1.2 decided rows expected at the pilot's effects, 0.3 at half of them.
+  1/sqrt(2)-CS is left out: 0.96x, SD 0.19, a decision 20%."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
@@ -529,6 +537,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                       tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
                             for label, method, kappa in (*METHODS[:3], ("CS (kappa=0.3)", "cs", 0.3))),
                       **{**TRAINED, "fd_points": 0}),
+        _confirmation("depth-speed-confirm", "U-ViT, N = 2, 4, 6, 8 long skips, a third of the steps: none vs "
+                      "CS (kappa=0.5) vs LS (early speed, reviewer Q3's sweep)",
+                      tuple(RunSpec(f"{label}, N={n}", "uvit", method, kappa, model_overrides=depth_overrides("uvit", n))
+                            for n in DEPTHS for label, method, kappa in (METHODS[0], METHODS[2], METHODS[3])),
+                      **{**SWEEP, "fd_points": 0}),
         _confirmation("unet-fcd-confirm", "conv UNet, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS, with the "
                       "Frechet distance over training", _methods("unet", "gentle"), **FCD_ONLY),
         _confirmation("uvit-fcd-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS, with the Frechet "
