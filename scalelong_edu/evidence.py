@@ -280,6 +280,24 @@ def complete_seeds(table: pd.DataFrame) -> pd.DataFrame:
     return table[table.seed.map(methods) == table.method.nunique()]
 
 
+def seed_means(table: pd.DataFrame, column: str, over: str, levels: Sequence[object]) -> pd.DataFrame:
+    """One row per (method, seed) of ``table`` (one experiment's runs at several settings ``over``,
+    e.g. the depths ``N`` of a sweep): the geometric mean of ``column`` over the ``levels`` of that
+    setting, for the (method, seed) that has finished all of them, ``broke_down`` if any of its runs
+    did. A seed's runs share its batches, ``t`` and noise across settings, so they are not
+    independent pairs; on these rows :func:`compare` pairs by seed and tests each seed's log ratio
+    averaged over the settings, with the seed as the unit."""
+    import numpy as np
+
+    if table.empty:
+        return table
+    mine = table[table[over].isin(levels)]
+    runs = mine.assign(log=np.log(mine[column])).groupby(["method", "seed"])
+    means = runs.agg(log=("log", "mean"), broke_down=("broke_down", "any"), settings=(over, "nunique")).reset_index()
+    means = means[means.settings == len(levels)]
+    return means.assign(**{column: np.exp(means.log)}).drop(columns=["log", "settings"])
+
+
 def seeds_landed(table: pd.DataFrame) -> int:
     """How many seeds every method of ``table`` has finished (:func:`complete_seeds`; 0 of an
     empty table, e.g. :func:`landed` before any run has)."""
@@ -334,7 +352,9 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
 
     ``where`` selects a setting (e.g. ``backbone="uvit", N=8``); within it, each method must have
     exactly one run per ``pair_by`` key, and both methods the same keys. ``pair_by=("N", "seed")``
-    pools several depths, each (depth, seed) one pair of independent runs. ``log=True`` (norms,
+    pools several depths, each (depth, seed) one pair; as a seed's runs share its batches, ``t`` and
+    noise, those pairs are not independent, and a test with the seed as the unit takes
+    :func:`seed_means` instead. ``log=True`` (norms,
     losses, oscillations, distances: positive quantities whose effects are multiplicative) tests
     ``log(treatment / baseline)`` with margin ``log(1 + margin)``: ``margin=0.05`` declares that an
     effect smaller than 5% of the baseline does not matter. ``log=False`` tests the difference
@@ -1072,6 +1092,6 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "confident_samples", "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features",
            "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline",
            "landed", "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text",
-           "robustness_table", "run_table", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
+           "robustness_table", "run_table", "seed_means", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
            "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
            "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]

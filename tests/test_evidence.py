@@ -381,6 +381,22 @@ def test_claims_on_landing_runs_use_only_the_finished_pairs_and_stay_undecided_u
     assert nothing.landing and nothing.measured == "runs landing: 0 of 4 seeds"
 
 
+def test_seed_means_average_a_seeds_log_values_over_settings_and_keep_complete_seeds_only():
+    import pandas as pd
+
+    two_depths = pd.concat([_paired_table([(1.0, 0.5), (4.0, 1.0)]).assign(N=n) for n in (2, 8)])
+    two_depths.loc[(two_depths.N == 8) & (two_depths.method == "CS"), "loss"] *= 4  # CS: 2.0 and 4.0 at N = 8
+    means = evidence.seed_means(two_depths, "loss", "N", (2, 8)).set_index(["method", "seed"]).loss
+    assert means["CS", 0] == pytest.approx(1.0) and means["CS", 1] == pytest.approx(2.0)  # sqrt(0.5 * 2), sqrt(1 * 4)
+    test = compare(evidence.seed_means(two_depths, "loss", "N", (2, 8)), "loss", "CS")
+    assert test.n == 2 and test.estimate == pytest.approx(-LN2 / 2)  # seed ratios 1/1 and 2/4
+    partial = two_depths.iloc[:-1]  # (N = 8, seed 1) has no CS run yet: that seed's CS drops out
+    assert set(evidence.seed_means(partial, "loss", "N", (2, 8)).query("method == 'CS'").seed) == {0}
+    broke = two_depths.assign(broke_down=(two_depths.N == 2) & (two_depths.seed == 1))
+    assert evidence.seed_means(broke, "loss", "N", (2, 8)).set_index(["method", "seed"]).broke_down["none", 1]
+    assert evidence.seed_means(pd.DataFrame(), "loss", "N", (2, 8)).empty
+
+
 def test_interaction_claim_compares_a_methods_ratio_between_two_settings_seed_by_seed():
     import pandas as pd
 
@@ -855,6 +871,19 @@ def test_the_declared_powers_of_the_confirmations_of_endpoints_hold_on_their_com
     effect, fresh = abs(log_kappa.mean()) / log_kappa.std(), CONFIRMATIONS["ls-confirm"].fresh
     assert round(effect, 1) == 4.5 and paired_power(effect, fresh) > 0.999
     assert round(paired_power(effect / 3, fresh), 2) == 0.95
+
+
+def test_depth_speed_confirms_declared_powers_hold_on_its_pilot_by_seed():
+    """experiments.CONFIRMATIONS states depth-speed-confirm's powers on its pilot's seed means."""
+    from scalelong_edu.experiments import DEPTHS, finished_so_far
+
+    depth = evidence.run_table(finished_so_far("depth-uvit", "cpu"))  # 3 seeds x N = 2, 4, 6, 8
+    pilot = evidence.seed_means(depth, "loss", "N", DEPTHS)
+    for treatment, power, half in (("LS", 0.54, 0.15), ("CS (kappa=0.5)", 0.57, 0.15)):
+        test = compare(pilot, "loss", treatment)
+        got = evidence.confirmation_power("depth-speed-confirm", pilot, "loss", treatment, tests=2)
+        assert round(got, 2) == power, treatment
+        assert round(paired_power(test.estimate / 2 / test.sd, 12, 0.025), 2) == half, treatment
 
 
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
