@@ -34,7 +34,8 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
          "stability-deep", "stability-confirm", "breakdown-confirm", "breakdown-scaled-confirm",
          "block-output-confirm", "unet-confirm", "uvit-confirm",
-         "ls-confirm", "depth-confirm", "depth-speed-confirm", "unet-fcd-confirm", "uvit-fcd-confirm"]
+         "ls-confirm", "depth-confirm", "depth-speed-confirm", "depth-unet-speed-confirm",
+         "depth-sqrt2-speed-confirm", "unet-fcd-confirm", "uvit-fcd-confirm"]
 
 
 @pytest.fixture(autouse=True)
