@@ -381,13 +381,14 @@ def compare(table: pd.DataFrame, column: str, treatment: str, baseline: str = "n
                              "or pair by more keys (pair_by)")
         arms[method] = mine.set_index(keys)
     if set(arms[baseline].index) != set(arms[treatment].index):
-        raise ValueError(f"{treatment!r} and {baseline!r} do not have the same seeds "
-                         f"({sorted(arms[treatment].index)} vs {sorted(arms[baseline].index)}): runs are paired by seed")
+        raise ValueError(f"{treatment!r} and {baseline!r} do not have the same seeds ({sorted(arms[treatment].index)} "
+                         f"vs {sorted(arms[baseline].index)}): runs are paired by seed")
     seeds = sorted(arms[baseline].index)
     broken = [s for s in seeds if arms[baseline].broke_down[s] or arms[treatment].broke_down[s]]
     if broken:
-        raise ValueError(f"seeds {broken} broke down or diverged under {baseline!r} or {treatment!r}: they are outcomes; "
-                         "test them with compare_breakdowns, and compare the rest only if the claim is about them")
+        raise ValueError(f"seeds {broken} broke down or diverged under {baseline!r} or {treatment!r}: they are "
+                         "outcomes; test them with compare_breakdowns, and compare the rest only if the claim is "
+                         "about them")
     base, treat = (arms[m].loc[seeds, column].to_numpy(dtype=float) for m in (baseline, treatment))
     if share:
         from scipy.special import logit
@@ -656,7 +657,8 @@ def stress_scale(sweep: ExperimentResult, tolerance: float = 1.5) -> float:
     every method still trains, so that the comparison is between trained models."""
     table = run_table(sweep)
     best = table.loss.min()
-    ok = table.groupby("lr_scale").loss.apply(lambda loss: bool(loss.notna().all() and (loss <= tolerance * best).all()))
+    ok = table.groupby("lr_scale").loss.apply(lambda loss: bool(loss.notna().all()
+                                                                and (loss <= tolerance * best).all()))
     if not ok.any():
         raise ValueError(f"no learning rate of the sweep trains every run within {tolerance}x the best loss")
     return float(ok[ok].index.max())
@@ -1091,7 +1093,7 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confirmations",
            "confident_samples", "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features",
            "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline",
-           "landed", "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text",
-           "robustness_table", "run_table", "seed_means", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
+           "landed", "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
+           "run_table", "seed_means", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
            "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
            "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]

@@ -546,7 +546,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         _confirmation("block-output-confirm", "U-ViT with N = 8, full steps: CS (kappa=0.5) vs block-output "
                       "(eta=0.5) (CS's runs are depth-confirm's)",
                       tuple(RunSpec(f"{label}, N=8", "uvit", method, 0.5, model_overrides=depth_overrides("uvit", 8))
-                            for label, method in (("CS (kappa=0.5)", "cs"), ("block-output (eta=0.5)", "block-output"))),
+                            for label, method in (("CS (kappa=0.5)", "cs"),
+                                                  ("block-output (eta=0.5)", "block-output"))),
                       **{**TRAINED, "fd_points": 0}),
         _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
                       tuple(RunSpec(label, "unet", method, kappa)
