@@ -547,6 +547,31 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
                  test=test, margin=f"{margin:.0%} of runs", planned=planned, family=family)
 
 
+def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -> dict[str, Claim]:
+    """The claims of a declared confirmation of chapter 8's early speed (``depth-speed-confirm`` and
+    its kin, :data:`scalelong_edu.experiments.CONFIRMATIONS`), one per method of ``papers``: a
+    lower loss than no scaling's after the sweep's steps, paired by seed on each seed's mean log loss
+    over the depths :data:`~scalelong_edu.experiments.DEPTHS` (:func:`seed_means`: a seed's runs
+    share its batches, t and noise), on the fresh seeds finished so far (:func:`paired_claim`), in a
+    Holm family of their own. ``papers`` maps each of the confirmation's methods (all of them: the
+    family's correction depends on its size) to the pilot's claim; the confirmation's note goes
+    inside its closing parenthesis. A chapter that quotes another's confirmation decides the whole
+    family again (:func:`scalelong_edu.ledger.decide`)."""
+    from .experiments import CONFIRMATIONS, DEPTHS, get_experiment
+    from .plotting import pretty
+
+    arms = {run.label.split(", N=")[0] for run in get_experiment(name).runs} - {"none"}
+    if set(papers) != arms:
+        raise ValueError(f"{name} tests {sorted(arms)} against none as one Holm family: give a claim for each of "
+                         f"them, got {sorted(papers)}")
+    seeds = CONFIRMATIONS[name].fresh
+    means = seed_means(landed(name), "loss", "N", DEPTHS)
+    note = f", declared confirmation on {seeds} fresh seeds, its own family)"
+    return {label: paired_claim(chapter, paper.removesuffix(")") + note, means, "loss", label, seeds,
+                                what=f"{pretty(label)}/none", family=name)
+            for label, paper in papers.items()}
+
+
 @dataclass(frozen=True)
 class ConfirmationRuns:
     """The fresh seeds of a declared confirmation (:data:`scalelong_edu.experiments.CONFIRMATIONS`)
@@ -1091,9 +1116,9 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
 __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
            "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method",
            "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confirmations",
-           "confident_samples", "curves_by_backbone", "fd_curves", "feature_constants", "feature_ranges", "features",
-           "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants", "interaction_claim", "join_baseline",
-           "landed", "landing_claim", "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table",
-           "run_table", "seed_means", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target",
-           "speedup", "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target",
-           "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "confident_samples", "curves_by_backbone", "early_speed_claims", "fd_curves", "feature_constants",
+           "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
+           "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants", "paired_claim",
+           "rate_text", "ratio_text", "robustness_table", "run_table", "seed_means", "seed_ratios", "seeds_landed",
+           "select", "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by",
+           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]

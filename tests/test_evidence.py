@@ -397,6 +397,25 @@ def test_seed_means_average_a_seeds_log_values_over_settings_and_keep_complete_s
     assert evidence.seed_means(pd.DataFrame(), "loss", "N", (2, 8)).empty
 
 
+def test_early_speed_claims_test_a_confirmations_arms_by_seed_in_their_own_family(monkeypatch):
+    import pandas as pd
+
+    two_depths = pd.concat([_paired_table([(1.0, 0.5), (4.0, 1.0), (2.0, 1.0)]).assign(N=n) for n in (2, 4, 6, 8)])
+    ls = two_depths[two_depths.method == "CS"].assign(method="LS")
+    landed = {"depth-speed-confirm": pd.concat([two_depths.replace("CS", "CS (kappa=0.5)"), ls])}
+    monkeypatch.setattr(evidence, "landed", lambda name: landed.get(name, pd.DataFrame()))
+    papers = {"CS (kappa=0.5)": "CS trains faster (U-ViT)", "LS": "LS trains faster (U-ViT)"}
+    claim = evidence.early_speed_claims("depth-speed-confirm", papers)["CS (kappa=0.5)"]
+    assert claim.family == "depth-speed-confirm" and claim.chapter == 8 and claim.planned == 12
+    assert claim.paper == "CS trains faster (U-ViT, declared confirmation on 12 fresh seeds, its own family)"
+    assert claim.test.n == 3 and claim.test.estimate == pytest.approx(np.log([0.5, 0.25, 0.5]).mean())
+    assert claim.landing and claim.decided == "undecided"  # 3 of 12 seeds have landed
+    waiting = evidence.early_speed_claims("depth-unet-speed-confirm", dict.fromkeys(["1/sqrt(2)-CS", "LS"], "x"), 7)
+    assert waiting["LS"].measured == "runs landing: 0 of 12 seeds" and waiting["LS"].chapter == 7
+    with pytest.raises(ValueError, match=r"as one Holm family: give a claim for each"):
+        evidence.early_speed_claims("depth-speed-confirm", {"LS": "LS trains faster"})
+
+
 def test_interaction_claim_compares_a_methods_ratio_between_two_settings_seed_by_seed():
     import pandas as pd
 
@@ -884,6 +903,31 @@ def test_depth_speed_confirms_declared_powers_hold_on_its_pilot_by_seed():
         got = evidence.confirmation_power("depth-speed-confirm", pilot, "loss", treatment, tests=2)
         assert round(got, 2) == power, treatment
         assert round(paired_power(test.estimate / 2 / test.sd, 12, 0.025), 2) == half, treatment
+
+
+def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_seed():
+    """experiments.CONFIRMATIONS states depth-unet-speed-confirm's powers and chances of a decision
+    (at half the effects and twice the SDs) and depth-sqrt2-speed-confirm's on their pilots."""
+    from scalelong_edu.experiments import DEPTHS, finished_so_far
+    from scalelong_edu.stats import ALPHA, decision_chance
+
+    def pilot(name):
+        return evidence.seed_means(evidence.run_table(finished_so_far(name, "cpu")), "loss", "N", DEPTHS)
+
+    unet = pilot("depth-unet")
+    for treatment, sd, chance in (("1/sqrt(2)-CS", 0.0074, 1.0), ("LS", 0.018, 0.87)):
+        test = compare(unet, "loss", treatment)
+        assert round(test.sd, 4 if sd < 0.01 else 3) == sd, treatment
+        assert evidence.confirmation_power("depth-unet-speed-confirm", unet, "loss", treatment, tests=2) > 0.999
+        assert paired_power(test.estimate / 2 / test.sd, 12, ALPHA / 2) > 0.999
+        half = decision_chance(test.estimate / 2, 2 * test.sd, 12, math.log1p(0.05), ALPHA / 2)
+        assert round(half, 2) == chance, treatment
+    uvit = pilot("depth-uvit")
+    test = compare(uvit, "loss", "1/sqrt(2)-CS")
+    assert round(evidence.confirmation_power("depth-sqrt2-speed-confirm", uvit, "loss", "1/sqrt(2)-CS", tests=1),
+                 2) == 0.52
+    chances = [decision_chance(e, test.sd, 12, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
+    assert [round(c, 2) for c in chances] == [0.58, 0.44]
 
 
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
