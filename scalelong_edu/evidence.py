@@ -180,6 +180,12 @@ def _geometric_mean_over_skips(paths: pd.DataFrame, series: str) -> pd.DataFrame
     return means.rename(columns={c: f"{series}_{c}" for c in FIG1}).reset_index()
 
 
+def method_of(label: str) -> str:
+    """The method of a run's legend label: the label up to its setting, e.g. ``"LS"`` of
+    ``"LS, N=4"`` (the sweeps' convention, :mod:`scalelong_edu.sweeps`)."""
+    return label.split(", N=")[0]
+
+
 def run_table(*results: ExperimentResult, window: int = 5) -> pd.DataFrame:
     """One row per run of ``results`` (experiments, e.g. a comparison or chapter 8's sweeps): the
     run's setting and every endpoint the book tests, so that a study is a ``groupby`` and a claim a
@@ -235,7 +241,7 @@ def _run_table(result: ExperimentResult, window: int) -> pd.DataFrame:
         preset = result.spec["profile"][run["backbone"]]
         n = n_skips(run, preset)
         fd = record.get("fd", {}).get("fcd", [])
-        row = {"experiment": result.spec["experiment"]["name"], "label": label, "method": label.split(", N=")[0],
+        row = {"experiment": result.spec["experiment"]["name"], "label": label, "method": method_of(label),
                "backbone": run["backbone"], "scaling": run["method"], "kappa": run["kappa"], "N": n,
                "lr_scale": run["lr_scale"], "lr": run["lr"], "sum_kappa2": sum_kappa2(run["method"], run["kappa"], n),
                "seed": seed, "diverged_at": record["diverged_at"], "wall_time_s": record["wall_time_s"]}
@@ -560,7 +566,7 @@ def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -
     from .experiments import CONFIRMATIONS, DEPTHS, get_experiment
     from .plotting import pretty
 
-    arms = {run.label.split(", N=")[0] for run in get_experiment(name).runs} - {"none"}
+    arms = {method_of(run.label) for run in get_experiment(name).runs} - {"none"}
     if set(papers) != arms:
         raise ValueError(f"{name} tests {sorted(arms)} against none as one Holm family: give a claim for each of "
                          f"them, got {sorted(papers)}")
@@ -1118,7 +1124,8 @@ __all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SP
            "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confirmations",
            "confident_samples", "curves_by_backbone", "early_speed_claims", "fd_curves", "feature_constants",
            "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
-           "interaction_claim", "join_baseline", "landed", "landing_claim", "output_constants", "paired_claim",
-           "rate_text", "ratio_text", "robustness_table", "run_table", "seed_means", "seed_ratios", "seeds_landed",
-           "select", "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict", "spread_by",
-           "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend", "xt_norm_ratio"]
+           "interaction_claim", "join_baseline", "landed", "landing_claim", "method_of", "output_constants",
+           "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_means", "seed_ratios",
+           "seeds_landed", "select", "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict",
+           "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend",
+           "xt_norm_ratio"]
