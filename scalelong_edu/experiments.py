@@ -263,8 +263,8 @@ class Confirmation:
     its level whatever the pilot showed; adding seeds to the pilot after seeing it would not.
 
     Attributes:
-        pilot: the experiment whose claims it re-tests; its seeds are ``0 ..`` and lie below
-            ``first``.
+        pilot: the experiment whose claims it re-tests (itself a confirmation, if that left a
+            claim undecided); its seeds lie below ``first``.
         first, fresh: the first fresh seed (after the pilot's and those of any earlier
             confirmation of the same runs; one that tests other arms may share an earlier one's
             seeds, reusing its unscaled runs), and how many.
