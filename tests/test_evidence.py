@@ -938,6 +938,20 @@ def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_s
     assert [round(c, 2) for c in chances] == [0.79, 0.52]
 
 
+def test_uvit_ls_osc_confirms_declared_power_and_decision_chances_hold_on_its_pilot():
+    """experiments.CONFIRMATIONS states uvit-ls-osc-confirm's power and chances of a decision on
+    its pilot, uvit-confirm's LS row (chapter 7)."""
+    from scalelong_edu.stats import decision_chance
+
+    pilot = evidence.landed("uvit-confirm", "cpu")
+    test = compare(pilot, "feature_osc", "LS")
+    assert (round(math.exp(test.estimate), 2), round(test.p, 3), round(test.sd, 3)) == (1.13, 0.053, 0.294)
+    assert round(evidence.confirmation_power("uvit-ls-osc-confirm", pilot, "feature_osc", "LS", tests=1), 2) == 0.81
+    fresh = CONFIRMATIONS["uvit-ls-osc-confirm"].fresh
+    chances = [decision_chance(e, test.sd, fresh, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
+    assert [round(c, 2) for c in chances] == [0.81, 0.30]
+
+
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
     """experiments.CONFIRMATIONS states, for unet-fcd-confirm, each row's power and (where a row
     leans to absent) its chance of a decision, and the decided rows expected at the pilot's effects
