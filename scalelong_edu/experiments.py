@@ -421,8 +421,10 @@ def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
     return (("channel_mults", (1,) * (n // 2)),)
 
 
-def _methods(backbone: str, regime: str) -> tuple[RunSpec, ...]:
-    return tuple(RunSpec(label, backbone, method, kappa, regime=regime) for label, method, kappa in METHODS)
+def _methods(backbone: str, regime: str = "gentle",
+             methods: tuple[tuple[str, str, float], ...] = METHODS) -> tuple[RunSpec, ...]:
+    """The ``methods`` (label, scaling, kappa; all four by default) on the profile's ``backbone`` in ``regime``."""
+    return tuple(RunSpec(label, backbone, method, kappa, regime=regime) for label, method, kappa in methods)
 
 
 def _map_cells(depths: tuple[int, ...], scales: tuple[int, ...]) -> tuple[RunSpec, ...]:
@@ -532,8 +534,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                                  model_overrides=depth_overrides("uvit", 8)) for k in (0.5, 0.7)), **TRAINED),
         Experiment("long-uvit", "U-ViT, the profile's long_steps, six seeds: none vs CS (kappa=0.5), with the Frechet "
                    "distance over training (the sample-quality claims)",
-                   tuple(RunSpec(label, "uvit", method, kappa) for label, method, kappa in (METHODS[0], METHODS[2])),
-                   **LONG),
+                   _methods("uvit", methods=(METHODS[0], METHODS[2])), **LONG),
         Experiment("stability-map", "U-ViT, N = 2, 4, 8, at 8x and 16x the gentle learning rate: none vs "
                    "1/sqrt(2)-CS vs CS vs LS, two seeds (with depth-uvit at 1x, a map of where training holds)",
                    _map_cells((2, 4, 8), (8, 16)), **{**SWEEP, "fd_points": 0}, seeds=2),
@@ -563,14 +564,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                                   ("block-output (eta=0.5)", "block-output"))),
                       **{**TRAINED, "fd_points": 0}),
         _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
-                      tuple(RunSpec(label, "unet", method, kappa)
-                            for label, method, kappa in (METHODS[0], METHODS[2])),
-                      end_probes=False),
+                      _methods("unet", methods=(METHODS[0], METHODS[2])), end_probes=False),
         _confirmation("uvit-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS",
                       _methods("uvit", "gentle"), end_probes=False),
         _confirmation("uvit-ls-osc-confirm", "U-ViT, gentle regime: none vs LS (its feature oscillation)",
-                      tuple(RunSpec(label, "uvit", method, kappa) for label, method, kappa in (METHODS[0], METHODS[3])),
-                      end_probes=False),
+                      _methods("uvit", methods=(METHODS[0], METHODS[3])), end_probes=False),
         _confirmation("ls-confirm", "U-ViT, gentle regime: LS per skip alone (its learned scales' decay)",
                       (RunSpec("LS per skip", "uvit", "ls-per-skip"),), adam_stats=False, fd_points=0,
                       end_probes=False),
@@ -594,7 +592,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         _confirmation("unet-fcd-confirm", "conv UNet, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS, with the "
                       "Frechet distance over training", _methods("unet", "gentle"), **FCD_ONLY),
         _confirmation("uvit-fcd-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS, with the Frechet "
-                      "distance over training", _methods("uvit", "gentle")[:3], **FCD_ONLY),
+                      "distance over training", _methods("uvit", methods=METHODS[:3]), **FCD_ONLY),
     )
 }
 
