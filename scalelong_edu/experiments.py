@@ -434,10 +434,12 @@ def _map_cells(depths: tuple[int, ...], scales: tuple[int, ...]) -> tuple[RunSpe
                  for k in scales for n in depths for label, method, kappa in METHODS)
 
 
-def _depth_speed(backbone: str, methods: tuple[tuple[str, str, float], ...]) -> tuple[RunSpec, ...]:
-    """The ``methods`` at every depth ``N`` of chapter 8's sweep, labelled as ``depth-<backbone>``'s runs."""
+def _at_depths(backbone: str, methods: tuple[tuple[str, str, float], ...],
+               depths: tuple[int, ...] = DEPTHS) -> tuple[RunSpec, ...]:
+    """The ``methods`` (label, scaling, kappa) on the profile's ``backbone`` with each number of long skips
+    in ``depths`` (chapter 8's sweep by default), labelled ``"<label>, N=<n>"``."""
     return tuple(RunSpec(f"{label}, N={n}", backbone, method, kappa, model_overrides=depth_overrides(backbone, n))
-                 for n in DEPTHS for label, method, kappa in methods)
+                 for n in depths for label, method, kappa in methods)
 
 
 def _lr_sweep(backbone: str, scales: tuple[float, ...] = (1, 4, 8, 16)) -> tuple[RunSpec, ...]:
@@ -496,17 +498,16 @@ EXPERIMENTS: dict[str, Experiment] = {
                    adam_stats=False, end_probes=False),
         *(Experiment(f"depth-{b}", f"{name}, gentle regime, N = 2, 4, 6, 8 long skips: none vs 1/sqrt(2)-CS vs "
                      "CS vs LS, a third of the steps (chapter 8, reviewer Q3)",
-                     _depth_speed(b, METHODS), **SWEEP)
+                     _at_depths(b, METHODS), **SWEEP)
           for b, name in BACKBONES.items()),
         Experiment("kappa-grid", "U-ViT with N = 4 and 8: CS at kappa 0.3, 0.4, 0.6, 0.7, 0.8, 0.9 (with depth-uvit's "
                    "none = kappa 1 and CS 0.5, a grid of kappa at two depths; reviewer W4)",
-                   tuple(RunSpec(f"CS (kappa={k:g}), N={n}", "uvit", "cs", k,
-                                 model_overrides=depth_overrides("uvit", n))
-                         for n in (4, 8) for k in (0.3, 0.4, 0.6, 0.7, 0.8, 0.9)), **SWEEP),
+                   _at_depths("uvit", tuple((f"CS (kappa={k:g})", "cs", k) for k in (0.3, 0.4, 0.6, 0.7, 0.8, 0.9)),
+                              (4, 8)), **SWEEP),
         Experiment("block-output", "U-ViT with N = 8: Hanin-Rolnick scaling of the block outputs at eta 0.3, 0.6, 0.9 "
                    "(against kappa-grid's CS at the same values; reviewer W2)",
-                   tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
-                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.6, 0.9)), **SWEEP),
+                   _at_depths("uvit", tuple((f"block-output (eta={k:g})", "block-output", k) for k in (0.3, 0.6, 0.9)),
+                              (8,)), **SWEEP),
         Experiment("live-ddpm", "conv UNet, no scaling, one seed, the profile's long_steps: chapter 1's DDPM at GPU "
                    "scale", (RunSpec("none", "unet"),), seeds=1, long=True, adam_stats=False, end_probes=False,
                    fd_points=1, fd_samples=256),
@@ -517,21 +518,18 @@ EXPERIMENTS: dict[str, Experiment] = {
                    "live-uvit's)", (RunSpec("none"), RunSpec("LS", "uvit", "ls")), **LIVE),
         Experiment("live-depth", "U-ViT with N = 8 long skips at GPU scale: none vs CS (kappa=0.5), two seeds, "
                    "half the steps (chapter 8's live section)",
-                   tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
-                         for label, method, kappa in (METHODS[0], METHODS[2])), **{**LIVE, "step_fraction": 0.5}),
+                   _at_depths("uvit", (METHODS[0], METHODS[2]), (8,)), **{**LIVE, "step_fraction": 0.5}),
         Experiment("depth-trained", "U-ViT with N = 2 and 8 long skips, full steps, six seeds: none vs 1/sqrt(2)-CS vs "
                    "CS (chapter 8: method x depth on trained models, reviewer Q3)",
-                   tuple(RunSpec(f"{label}, N={n}", "uvit", method, kappa, model_overrides=depth_overrides("uvit", n))
-                         for n in (2, 8) for label, method, kappa in METHODS[:3]), **TRAINED),
+                   _at_depths("uvit", METHODS[:3], (2, 8)), **TRAINED),
         Experiment("kappa-trained", "U-ViT with N = 8, full steps, six seeds: CS at kappa 0.3, 0.5, 0.7, 0.9 and 1 "
                    "(= none; 0.5 and 1 are depth-trained's runs): where the optimum lies (reviewer W4)",
-                   tuple(RunSpec(f"CS (kappa={k:g}), N=8", "uvit", "cs" if k < 1 else "none", k if k < 1 else 1.0,
-                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.3, 0.5, 0.7, 0.9, 1.0)),
-                   **TRAINED),
+                   _at_depths("uvit", tuple((f"CS (kappa={k:g})", "cs" if k < 1 else "none", k if k < 1 else 1.0)
+                                            for k in (0.3, 0.5, 0.7, 0.9, 1.0)), (8,)), **TRAINED),
         Experiment("block-output-trained", "U-ViT with N = 8, full steps, six seeds: block-output scaling at eta 0.5 "
                    "and 0.7 (against kappa-trained's CS at the same values; reviewer W2)",
-                   tuple(RunSpec(f"block-output (eta={k:g}), N=8", "uvit", "block-output", k,
-                                 model_overrides=depth_overrides("uvit", 8)) for k in (0.5, 0.7)), **TRAINED),
+                   _at_depths("uvit", tuple((f"block-output (eta={k:g})", "block-output", k) for k in (0.5, 0.7)),
+                              (8,)), **TRAINED),
         Experiment("long-uvit", "U-ViT, the profile's long_steps, six seeds: none vs CS (kappa=0.5), with the Frechet "
                    "distance over training (the sample-quality claims)",
                    _methods("uvit", methods=(METHODS[0], METHODS[2])), **LONG),
@@ -559,9 +557,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                       **STRESS),
         _confirmation("block-output-confirm", "U-ViT with N = 8, full steps: CS (kappa=0.5) vs block-output "
                       "(eta=0.5) (CS's runs are depth-confirm's)",
-                      tuple(RunSpec(f"{label}, N=8", "uvit", method, 0.5, model_overrides=depth_overrides("uvit", 8))
-                            for label, method in (("CS (kappa=0.5)", "cs"),
-                                                  ("block-output (eta=0.5)", "block-output"))),
+                      _at_depths("uvit", (METHODS[2], ("block-output (eta=0.5)", "block-output", 0.5)), (8,)),
                       **{**TRAINED, "fd_points": 0}),
         _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
                       _methods("unet", methods=(METHODS[0], METHODS[2])), end_probes=False),
@@ -574,21 +570,20 @@ EXPERIMENTS: dict[str, Experiment] = {
                       end_probes=False),
         _confirmation("depth-confirm", "U-ViT with N = 8, full steps: none vs 1/sqrt(2)-CS vs CS (kappa=0.5) vs CS "
                       "(kappa=0.3)",
-                      tuple(RunSpec(f"{label}, N=8", "uvit", method, kappa, model_overrides=depth_overrides("uvit", 8))
-                            for label, method, kappa in (*METHODS[:3], ("CS (kappa=0.3)", "cs", 0.3))),
+                      _at_depths("uvit", (*METHODS[:3], ("CS (kappa=0.3)", "cs", 0.3)), (8,)),
                       **{**TRAINED, "fd_points": 0}),
         _confirmation("depth-speed-confirm", "U-ViT, N = 2, 4, 6, 8 long skips, a third of the steps: none vs "
                       "CS (kappa=0.5) vs LS (early speed, reviewer Q3's sweep)",
-                      _depth_speed("uvit", (METHODS[0], METHODS[2], METHODS[3])), **{**SWEEP, "fd_points": 0}),
+                      _at_depths("uvit", (METHODS[0], METHODS[2], METHODS[3])), **{**SWEEP, "fd_points": 0}),
         _confirmation("depth-unet-speed-confirm", "conv UNet, N = 2, 4, 6, 8 long skips, a third of the steps: "
                       "none vs 1/sqrt(2)-CS vs LS (early speed, reviewer Q3's sweep)",
-                      _depth_speed("unet", (METHODS[0], METHODS[1], METHODS[3])), **{**SWEEP, "fd_points": 0}),
+                      _at_depths("unet", (METHODS[0], METHODS[1], METHODS[3])), **{**SWEEP, "fd_points": 0}),
         _confirmation("depth-sqrt2-speed-confirm", "U-ViT, N = 2, 4, 6, 8 long skips, a third of the steps: "
                       "none (depth-speed-confirm's runs) vs 1/sqrt(2)-CS (early speed, reviewer Q3's sweep)",
-                      _depth_speed("uvit", METHODS[:2]), **{**SWEEP, "fd_points": 0}),
+                      _at_depths("uvit", METHODS[:2]), **{**SWEEP, "fd_points": 0}),
         _confirmation("depth-cs-speed-confirm", "U-ViT, N = 2, 4, 6, 8 long skips, a third of the steps: "
                       "none vs CS (kappa=0.5) (early speed, reviewer Q3's sweep)",
-                      _depth_speed("uvit", (METHODS[0], METHODS[2])), **{**SWEEP, "fd_points": 0}),
+                      _at_depths("uvit", (METHODS[0], METHODS[2])), **{**SWEEP, "fd_points": 0}),
         _confirmation("unet-fcd-confirm", "conv UNet, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS, with the "
                       "Frechet distance over training", _methods("unet", "gentle"), **FCD_ONLY),
         _confirmation("uvit-fcd-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS, with the Frechet "
