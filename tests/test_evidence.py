@@ -952,6 +952,21 @@ def test_uvit_ls_osc_confirms_declared_power_and_decision_chances_hold_on_its_pi
     assert [round(c, 2) for c in chances] == [0.81, 0.30]
 
 
+def test_depth_osc_confirms_declared_power_and_decision_chances_hold_on_its_pilot():
+    """experiments.CONFIRMATIONS states depth-osc-confirm's power and chances of a decision on its
+    pilot, depth-confirm's CS row of the feature oscillation at N = 8 (chapter 8)."""
+    from scalelong_edu.stats import decision_chance
+
+    pilot = evidence.landed("depth-confirm", "cpu")
+    test = compare(pilot, "feature_osc", "CS (kappa=0.5)")
+    assert (round(math.exp(test.estimate), 2), round(test.p, 3), round(test.sd, 3)) == (1.48, 0.023, 0.711)
+    assert round(evidence.confirmation_power("depth-osc-confirm", pilot, "feature_osc", "CS (kappa=0.5)",
+                                             tests=1), 2) == 0.80
+    fresh = CONFIRMATIONS["depth-osc-confirm"].fresh
+    chances = [decision_chance(e, test.sd, fresh, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
+    assert [round(c, 2) for c in chances] == [0.80, 0.30]
+
+
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
     """experiments.CONFIRMATIONS states, for unet-fcd-confirm, each row's power and (where a row
     leans to absent) its chance of a decision, and the decided rows expected at the pilot's effects

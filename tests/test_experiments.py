@@ -34,7 +34,7 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
          "stability-deep", "stability-confirm", "breakdown-confirm", "breakdown-scaled-confirm",
          "block-output-confirm", "unet-confirm", "uvit-confirm", "uvit-ls-osc-confirm",
-         "ls-confirm", "depth-confirm", "depth-speed-confirm", "depth-unet-speed-confirm",
+         "ls-confirm", "depth-confirm", "depth-osc-confirm", "depth-speed-confirm", "depth-unet-speed-confirm",
          "depth-sqrt2-speed-confirm", "depth-cs-speed-confirm", "unet-fcd-confirm", "uvit-fcd-confirm"]
 
 
