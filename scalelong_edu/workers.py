@@ -46,7 +46,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _worker(target: Callable[..., Any], args: tuple, parent: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held since the start (_starting)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     target(*args)
 
@@ -82,6 +83,21 @@ def interrupts_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)  # to the handler the block found
 
 
+@contextmanager
+def _starting() -> Iterator[None]:
+    """Start a worker inside the block: a Ctrl-C meanwhile reaches the parent when the block ends,
+    and never the worker. SIGINT is blocked in this thread for the duration; the worker inherits
+    that mask through fork and exec (a handler would not survive exec), so it holds the signal
+    until it ignores it in :func:`_worker`. Any thread of the parent that takes the signal hands
+    it to :func:`interrupts_deferred`'s handler, which delivers it as the block ends."""
+    with interrupts_deferred():
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def exit_reason(code: int) -> str:
     """A process's exit code in words: ``"killed by signal 9 (SIGKILL: out of memory?)"``."""
     if code >= 0:
@@ -106,9 +122,9 @@ def run_in_processes(
             while queue and len(running) < workers:
                 index, args = queue.pop(0)
                 process = context.Process(target=_worker, args=(target, args, os.getpid()), daemon=True)
-                with _sigint_handled_by(signal.SIG_IGN):  # inherited: Ctrl-C while the worker starts up is ignored too
+                with _starting():
                     process.start()
-                running[process.sentinel] = (index, process)
+                    running[process.sentinel] = (index, process)  # stopped in `finally` if interrupted
             for sentinel in wait(list(running)):
                 index, process = running.pop(sentinel)
                 process.join()

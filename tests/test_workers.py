@@ -1,6 +1,7 @@
 """Tests of scalelong_edu.workers and of sweeps with --workers seen from the shell: a dead worker,
 a dead parent, Ctrl-C (issue 19, cases 1, 4, 5, 11, 15)."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -107,19 +108,55 @@ def test_ctrl_c_says_what_is_kept_in_one_line_and_exits_130(tmp_path, flags):
     assert last.startswith("interrupted; 0 of 2 runs kept in ") and last.endswith("; rerun to continue")
 
 
-def test_a_ctrl_c_inside_a_deferred_block_arrives_when_the_block_ends():
-    """The interrupt is neither lost nor raised half-way (the Trainer's first optimizer)."""
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process during the test, as in a terminal."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_inside_a_deferred_block_arrives_when_the_block_ends(ctrl_c_raises):
+    """The interrupt is neither lost nor raised half-way (the Trainer's first optimizer)."""
     finished = []
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with workers.interrupts_deferred():
-                signal.raise_signal(signal.SIGINT)
-                finished.append("block")
-            finished.append("after")
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        with workers.interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+            finished.append("block")
+        finished.append("after")
     assert finished == ["block"]
+
+
+def start_and_interrupt(monkeypatch, whom):
+    """Make every worker start send a Ctrl-C, as soon as the process exists, to ``whom`` of
+    ``"parent"`` and ``"worker"``; returns the list the started workers' pids go to."""
+    start, pids = multiprocessing.process.BaseProcess.start, []
+
+    def start_then_ctrl_c(process):
+        start(process)
+        pids.append(process.pid)
+        os.kill(os.getpid() if whom == "parent" else process.pid, signal.SIGINT)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_ctrl_c)
+    return pids
+
+
+def test_a_ctrl_c_while_a_worker_starts_reaches_the_parent(tmp_path, monkeypatch, ctrl_c_raises):
+    """Not lost (the parent once ignored it while a worker started, and the sweep trained on), and
+    no worker outlives it."""
+    pids = start_and_interrupt(monkeypatch, "parent")
+    with pytest.raises(KeyboardInterrupt):
+        workers.run_in_processes(dispatch, [(0, ("touch", tmp_path / "0"))], 1, print, print)
+    assert len(pids) == 1 and not psutil.pid_exists(pids[0])
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_ignored_by_the_worker(tmp_path, monkeypatch, ctrl_c_raises):
+    """The worker holds it from its first instruction (before it can ignore it) and drops it."""
+    done, lost = [], []
+    pids = start_and_interrupt(monkeypatch, "worker")
+    workers.run_in_processes(dispatch, [(0, ("touch", tmp_path / "0"))], 1, done.append,
+                             lambda i, why: lost.append(why))
+    assert len(pids) == 1 and done == [0] and lost == [] and (tmp_path / "0").exists()
 
 
 def test_workers_are_capped_at_the_runs_left_and_warned_above_the_cores(tmp_path, monkeypatch, capsys):
