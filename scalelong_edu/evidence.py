@@ -615,7 +615,7 @@ class ConfirmationRuns:
         and ``landed``, those both arms have finished), the declared power in percent (``power``;
         ``cautious_power`` at ``cautious_rate``), each arm's breakdowns (``baseline``,
         ``treatment``: "k of n", or "no run yet"), and the ``decided`` claim's raw ``p`` and
-        ``verdict``."""
+        ``verdict`` (:attr:`~scalelong_edu.ledger.Claim.stated`)."""
         landed = self.fresh.seed.nunique()
         rates = self.rates()
         counts = {arm: f"{rates.broke[label]:.0f} of {rates.runs[label]:.0f}" if landed else "no run yet"
@@ -623,7 +623,7 @@ class ConfirmationRuns:
         return {"seeds": len(self.seeds), "first": self.seeds[0], "last": self.seeds[-1], "landed": landed,
                 "power": 100 * self.power, "cautious_power": 100 * self.cautious_power,
                 "cautious_rate": 100 * self.cautious, **counts,
-                "p": decided.test.p if decided.test else math.nan, "verdict": decided.decided}
+                "p": decided.test.p if decided.test else math.nan, "verdict": decided.stated}
 
 
 def confirmations(name: str, pilot: pd.DataFrame, treatments: Iterable[str], baseline: str = "none",

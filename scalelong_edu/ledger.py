@@ -93,6 +93,12 @@ class Claim:
             return "undecided"
         return self.test.verdict if self.test is not None else self.verdict
 
+    @property
+    def stated(self) -> str:
+        """The verdict as a chapter's prose states it: :attr:`decided`, or "runs landing, verdict held"
+        while the runs are :attr:`landing` (the tables and counts keep *undecided*)."""
+        return "runs landing, verdict held" if self.landing else self.decided
+
 
 def _p_text(test: PairedTest | RateTest | TrendTest | None) -> str:
     if test is None:

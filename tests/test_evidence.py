@@ -489,7 +489,7 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     unstarted = evidence.confirmation("stability-confirm", pilot, "CS")
     assert unstarted.fresh.empty and list(unstarted.fresh.columns) == list(pilot.columns)  # plots as empty
     values = unstarted.glue_values(unstarted.claim(8, "CS"))
-    assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "undecided")
+    assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "runs landing, verdict held")
 
 
 def test_confirmations_read_the_fresh_runs_once_for_all_arms(monkeypatch):

@@ -62,8 +62,9 @@ def test_claims_table_puts_the_verdict_first_and_reports_p_and_seeds():
 def test_a_claim_whose_runs_are_still_landing_stays_undecided_and_says_how_many_landed():
     landing = Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, planned=16)
     assert CLEAR.verdict == "reproduced" and landing.landing and landing.decided == "undecided"
+    assert landing.stated == "runs landing, verdict held"
     done = Claim(3, "CS damps feature oscillation", "0.1 vs 0.3", test=CLEAR, planned=CLEAR.n)
-    assert not done.landing and done.decided == "reproduced"
+    assert not done.landing and done.decided == done.stated == "reproduced"
     table = claims_table(ledger.decide([landing, done]))
     assert table["seeds to decide"].tolist() == [f"16 planned, {CLEAR.n} landed", ""]
     assert table.verdict.tolist() == ["undecided", "reproduced"]
