@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from .evidence import MethodSummary
     from .experiments import ExperimentResult
+    from .stats import PairedTest
 
 
 def method_colors(labels: Sequence[str]) -> dict[str, tuple]:
@@ -153,6 +154,36 @@ def plot_seed_ratios(panels: Sequence[tuple[str, pd.DataFrame, str, str]], color
     axes[0, 0].set_ylabel(ylabel)
     _legend_under(fig, min(len(colors), 3))
     return fig
+
+
+def plot_ratio_sets(sets: Mapping[str, tuple[Sequence[float], PairedTest]], color: str, ylabel: str,
+                    ax: Axes | None = None) -> Axes:
+    """Paired ratios measured on separate sets of seeds, side by side (e.g. a pilot and the declared
+    confirmations that re-test it on fresh seeds): per set ``name: (ratios, test)``, every seed's
+    ratio to its baseline run as a dot (spread sideways in order of size, so that none hides
+    another), and beside them the geometric mean with its 95% interval from the set's log-scale
+    paired test (:func:`scalelong_edu.evidence.compare`), on a log axis with no difference (ratio 1)
+    dotted. Each set's tick says how many seeds it holds.
+
+    Raises:
+        ValueError: a set's ratios are not the ``test.n`` pairs its test was run on.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.0, 3.4))
+    for x, (name, (ratios, test)) in enumerate(sets.items()):
+        ratios = np.sort(np.asarray(ratios, dtype=float))
+        if len(ratios) != test.n:
+            raise ValueError(f"set {name!r}: {len(ratios)} ratios but its test has {test.n} pairs; pass the ratios "
+                             "of the seeds the test was run on")
+        ax.plot(x + np.linspace(-0.2, 0.1, len(ratios)), ratios, "o", color=color, alpha=0.5, ms=4)
+        mean, (lo, hi) = np.exp(test.estimate), np.exp(test.ci)
+        ax.errorbar(x + 0.25, mean, yerr=[[mean - lo], [hi - mean]], fmt="D", color="black", ms=5, capsize=4)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xticks(range(len(sets)), [f"{name}\n{test.n} seeds" for name, (_, test) in sets.items()])
+    ax.set_xlim(-0.5, max(len(sets), 1) - 0.5)
+    ax.set_ylabel(ylabel)
+    log_axis(ax)
+    return ax
 
 
 def plot_intervals(

@@ -17,6 +17,7 @@ from scalelong_edu.figures import (
     plot_intervals,
     plot_kappa_profile,
     plot_over_training,
+    plot_ratio_sets,
     plot_robustness,
     plot_robustness_by_backbone,
     plot_seed_ratios,
@@ -26,7 +27,7 @@ from scalelong_edu.figures import (
     plot_xt_ratio,
     result_colors,
 )
-from scalelong_edu.stats import mean_se
+from scalelong_edu.stats import mean_se, paired_test
 
 LABELS = ["none", "CS", "LS"]
 
@@ -322,3 +323,24 @@ def test_plot_robustness_by_backbone_one_panel_each_and_one_legend():
                                       {"none": "black", "CS": "red"})
     assert [ax.get_title() for ax in fig.axes] == ["U-ViT", "conv UNet"]
     assert fig.axes[0].get_legend() is not None and fig.axes[1].get_legend() is None
+
+
+def test_plot_ratio_sets_puts_each_sets_seeds_beside_its_geometric_mean_and_interval():
+    import numpy as np
+
+    ratios = {"pilot": [0.5, 0.7, 0.6], "confirmation": [1.2, 1.5, 1.3, 1.4]}
+    sets = {name: (r, paired_test(np.zeros(len(r)), np.log(r), margin=0.05)) for name, r in ratios.items()}
+    ax = plot_ratio_sets(sets, "C1", "oscillation / no scaling")
+    dots = [line for line in ax.lines if line.get_marker() == "o"]
+    assert [sorted(line.get_ydata()) for line in dots] == [sorted(r) for r in ratios.values()]
+    assert [line.get_xdata().mean() < x for line, x in zip(dots, (0.25, 1.25))] == [True, True]  # left of the mean
+    means = [line for line in ax.lines if line.get_marker() == "D"]
+    for line, (_, test) in zip(means, sets.values()):
+        assert line.get_ydata()[0] == pytest.approx(np.exp(test.estimate))
+    bars = [c for c in ax.collections if c.get_segments()]
+    lows_highs = sorted(tuple(np.sort(seg[:, 1])) for bar in bars for seg in bar.get_segments())
+    assert lows_highs == sorted(tuple(np.exp(t.ci)) for _, t in sets.values())
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["pilot\n3 seeds", "confirmation\n4 seeds"]
+    assert ax.get_yscale() == "log" and any(line.get_linestyle() == ":" for line in ax.lines)
+    with pytest.raises(ValueError, match="3 ratios but its test has 4 pairs"):
+        plot_ratio_sets({"x": (ratios["pilot"], sets["confirmation"][1])}, "C1", "y")
