@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator, Sequence
 
@@ -89,7 +90,12 @@ def _starting() -> Iterator[None]:
     and never the worker. SIGINT is blocked in this thread for the duration; the worker inherits
     that mask through fork and exec (a handler would not survive exec), so it holds the signal
     until it ignores it in :func:`_worker`. Any thread of the parent that takes the signal hands
-    it to :func:`interrupts_deferred`'s handler, which delivers it as the block ends."""
+    it to :func:`interrupts_deferred`'s handler, which delivers it as the block ends.
+
+    multiprocessing's resource tracker is started first, outside the block: the first worker's
+    start would otherwise start it inside, and starting it unblocks SIGINT in the parent, so that
+    worker would inherit no mask and die of the Ctrl-C with a traceback."""
+    resource_tracker.ensure_running()
     with interrupts_deferred():
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:

@@ -907,8 +907,8 @@ def test_depth_speed_confirms_declared_powers_hold_on_its_pilot_by_seed():
 
 def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_seed():
     """experiments.CONFIRMATIONS states depth-unet-speed-confirm's powers and chances of a decision
-    (at half the effects and twice the SDs), depth-sqrt2-speed-confirm's and depth-cs-speed-confirm's
-    on their pilots."""
+    (at half the effects and twice the SDs), depth-sqrt2-speed-confirm's, depth-cs-speed-confirm's and
+    depth-cs-speed-confirm-2's on their pilots."""
     from scalelong_edu.experiments import DEPTHS, finished_so_far
     from scalelong_edu.stats import ALPHA, decision_chance
 
@@ -936,6 +936,13 @@ def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_s
                  2) == 0.77
     chances = [decision_chance(e, test.sd, 20, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
     assert [round(c, 2) for c in chances] == [0.79, 0.52]
+    again = pilot("depth-cs-speed-confirm")  # depth-cs-speed-confirm-2's pilot: the same row, undecided again
+    test = compare(again, "loss", "CS (kappa=0.5)")
+    assert (round(test.p, 2), round(test.sd, 3)) == (0.16, 0.107)
+    assert round(evidence.confirmation_power("depth-cs-speed-confirm-2", again, "loss", "CS (kappa=0.5)", tests=1),
+                 2) == 0.53
+    chances = [decision_chance(e, test.sd, 40, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0.0)]
+    assert [round(c, 2) for c in chances] == [0.65, 0.58, 0.66]
 
 
 def test_uvit_ls_osc_confirms_declared_power_and_decision_chances_hold_on_its_pilot():

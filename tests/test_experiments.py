@@ -35,7 +35,8 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "stability-deep", "stability-confirm", "breakdown-confirm", "breakdown-scaled-confirm",
          "block-output-confirm", "unet-confirm", "uvit-confirm", "uvit-ls-osc-confirm",
          "ls-confirm", "depth-confirm", "depth-osc-confirm", "depth-speed-confirm", "depth-unet-speed-confirm",
-         "depth-sqrt2-speed-confirm", "depth-cs-speed-confirm", "unet-fcd-confirm", "uvit-fcd-confirm"]
+         "depth-sqrt2-speed-confirm", "depth-cs-speed-confirm", "depth-cs-speed-confirm-2", "unet-fcd-confirm",
+         "uvit-fcd-confirm"]
 
 
 @pytest.fixture(autouse=True)

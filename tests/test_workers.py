@@ -159,6 +159,16 @@ def test_a_ctrl_c_while_a_worker_starts_is_ignored_by_the_worker(tmp_path, monke
     assert len(pids) == 1 and done == [0] and lost == [] and (tmp_path / "0").exists()
 
 
+def test_the_first_worker_of_a_fresh_process_ignores_a_ctrl_c_while_it_starts():
+    """The test above, alone in its own interpreter: there the first worker's start also starts
+    multiprocessing's resource tracker, which unblocks SIGINT on its way, and the worker once died
+    of the Ctrl-C with a traceback (in a test session some earlier test has started it)."""
+    test = f"{Path(__file__).name}::test_a_ctrl_c_while_a_worker_starts_is_ignored_by_the_worker"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", test],
+                            cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def test_workers_are_capped_at_the_runs_left_and_warned_above_the_cores(tmp_path, monkeypatch, capsys):
     """Case 5: --workers 8 for 2 runs starts 2 workers; above the cores it warns; each finished
     run shows its worker's peak memory."""
