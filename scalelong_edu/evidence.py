@@ -553,6 +553,19 @@ def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: st
                  test=test, margin=f"{margin:.0%} of runs", planned=planned, family=family)
 
 
+def confirmed(paper: str, name: str) -> str:
+    """``paper``, a claim's text that ends in its setting's parenthesis, as the declared confirmation
+    ``name`` (:data:`scalelong_edu.experiments.CONFIRMATIONS`) re-tests it on fresh seeds: the note
+    ", declared confirmation on N fresh seeds, its own family" goes inside that parenthesis."""
+    from .experiments import CONFIRMATIONS
+
+    if not paper.endswith(")"):
+        raise ValueError(f"a confirmed claim's text ends in its setting's parenthesis, as in 'CS trains faster "
+                         f"(U-ViT)': got {paper!r}")
+    note = f", declared confirmation on {CONFIRMATIONS[name].fresh} fresh seeds, its own family)"
+    return paper.removesuffix(")") + note
+
+
 def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -> dict[str, Claim]:
     """The claims of a declared confirmation of chapter 8's early speed (``depth-speed-confirm`` and
     its kin, :data:`scalelong_edu.experiments.CONFIRMATIONS`), one per method of ``papers``: a
@@ -560,8 +573,8 @@ def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -
     over the depths :data:`~scalelong_edu.experiments.DEPTHS` (:func:`seed_means`: a seed's runs
     share its batches, t and noise), on the fresh seeds finished so far (:func:`paired_claim`), in a
     Holm family of their own. ``papers`` maps each of the confirmation's methods (all of them: the
-    family's correction depends on its size) to the pilot's claim; the confirmation's note goes
-    inside its closing parenthesis. A chapter that quotes another's confirmation decides the whole
+    family's correction depends on its size) to the pilot's claim, which :func:`confirmed` notes.
+    A chapter that quotes another's confirmation decides the whole
     family again (:func:`scalelong_edu.ledger.decide`)."""
     from .experiments import CONFIRMATIONS, DEPTHS, get_experiment
     from .plotting import pretty
@@ -572,8 +585,7 @@ def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -
                          f"them, got {sorted(papers)}")
     seeds = CONFIRMATIONS[name].fresh
     means = seed_means(landed(name), "loss", "N", DEPTHS)
-    note = f", declared confirmation on {seeds} fresh seeds, its own family)"
-    return {label: paired_claim(chapter, paper.removesuffix(")") + note, means, "loss", label, seeds,
+    return {label: paired_claim(chapter, confirmed(paper, name), means, "loss", label, seeds,
                                 what=f"{pretty(label)}/none", family=name)
             for label, paper in papers.items()}
 
@@ -605,10 +617,11 @@ class ConfirmationRuns:
         return breakdown_rates(self.fresh)
 
     def claim(self, chapter: int, paper: str) -> Claim:
-        """The confirmation's claims-table line: :func:`breakdown_claim` on the fresh seeds, in the
-        Holm family named after the experiment, undecided until all of them have landed."""
-        return breakdown_claim(chapter, paper, self.fresh, self.treatment, len(self.seeds), baseline=self.baseline,
-                               family=self.name)
+        """The confirmation's claims-table line for the pilot's claim ``paper`` (:func:`confirmed`):
+        :func:`breakdown_claim` on the fresh seeds, in the Holm family named after the experiment,
+        undecided until all of them have landed."""
+        return breakdown_claim(chapter, confirmed(paper, self.name), self.fresh, self.treatment, len(self.seeds),
+                               baseline=self.baseline, family=self.name)
 
     def glue_values(self, decided: Claim) -> dict[str, object]:
         """What a chapter's prose quotes, by name: the fresh seeds (``seeds``, ``first``, ``last``,

@@ -397,6 +397,15 @@ def test_seed_means_average_a_seeds_log_values_over_settings_and_keep_complete_s
     assert evidence.seed_means(pd.DataFrame(), "loss", "N", (2, 8)).empty
 
 
+def test_a_confirmed_claim_names_its_fresh_seeds_inside_its_settings_parenthesis():
+    assert evidence.confirmed("CS lowers ‖h‖ (U-ViT, N = 8)", "depth-osc-confirm") == (
+        "CS lowers ‖h‖ (U-ViT, N = 8, declared confirmation on 28 fresh seeds, its own family)")
+    with pytest.raises(ValueError, match=r"ends in its setting's parenthesis"):
+        evidence.confirmed("CS lowers ‖h‖", "depth-osc-confirm")
+    with pytest.raises(KeyError):
+        evidence.confirmed("CS lowers ‖h‖ (U-ViT)", "no-such-confirmation")
+
+
 def test_early_speed_claims_test_a_confirmations_arms_by_seed_in_their_own_family(monkeypatch):
     import pandas as pd
 
@@ -410,7 +419,8 @@ def test_early_speed_claims_test_a_confirmations_arms_by_seed_in_their_own_famil
     assert claim.paper == "CS trains faster (U-ViT, declared confirmation on 12 fresh seeds, its own family)"
     assert claim.test.n == 3 and claim.test.estimate == pytest.approx(np.log([0.5, 0.25, 0.5]).mean())
     assert claim.landing and claim.decided == "undecided"  # 3 of 12 seeds have landed
-    waiting = evidence.early_speed_claims("depth-unet-speed-confirm", dict.fromkeys(["1/sqrt(2)-CS", "LS"], "x"), 7)
+    papers = dict.fromkeys(["1/sqrt(2)-CS", "LS"], "x (conv UNet)")
+    waiting = evidence.early_speed_claims("depth-unet-speed-confirm", papers, 7)
     assert waiting["LS"].measured == "runs landing: 0 of 12 seeds" and waiting["LS"].chapter == 7
     with pytest.raises(ValueError, match=r"as one Holm family: give a claim for each"):
         evidence.early_speed_claims("depth-speed-confirm", {"LS": "LS trains faster"})
@@ -471,15 +481,16 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     assert set(confirm.fresh.seed) == set(confirm.seeds)  # the pilot's seeds are not tested again
     assert confirm.power == rates_power(declared.fresh, 0.4, 0.0)
     assert confirm.cautious_power == rates_power(declared.fresh, 0.4, declared.cautious)
-    claim = confirm.claim(8, "CS breaks down less often")
+    claim = confirm.claim(8, "CS breaks down less often (U-ViT)")
+    assert claim.paper == "CS breaks down less often (U-ViT, declared confirmation on 30 fresh seeds, its own family)"
     assert claim.family == "stability-confirm" and claim.test.discordant == (15, 0) and not claim.landing
     values = confirm.glue_values(ledger.decide([claim])[0])
     assert values["baseline"] == "15 of 30" and values["treatment"] == "0 of 30" and values["verdict"] == "reproduced"
     assert (values["first"], values["last"], values["p"], values["landed"]) == (10, 39, claim.test.p, 30)
     monkeypatch.setattr(evidence, "run_table", lambda result: runs.iloc[:41])  # seed 20 has none's run only
     landing = evidence.confirmation("stability-confirm", pilot, "CS")
-    assert landing.claim(8, "CS breaks down less often").landing and set(landing.fresh.seed) == set(range(10, 20))
-    partial = landing.glue_values(landing.claim(8, "CS"))
+    assert landing.claim(8, "CS (U-ViT)").landing and set(landing.fresh.seed) == set(range(10, 20))
+    partial = landing.glue_values(landing.claim(8, "CS (U-ViT)"))
     assert partial["baseline"] == "5 of 10" and partial["landed"] == 10  # complete pairs
 
     def nothing_yet(name, profile=None):
@@ -488,7 +499,7 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", nothing_yet)
     unstarted = evidence.confirmation("stability-confirm", pilot, "CS")
     assert unstarted.fresh.empty and list(unstarted.fresh.columns) == list(pilot.columns)  # plots as empty
-    values = unstarted.glue_values(unstarted.claim(8, "CS"))
+    values = unstarted.glue_values(unstarted.claim(8, "CS (U-ViT)"))
     assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "runs landing, verdict held")
 
 
