@@ -298,7 +298,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
                  "depth-cs-speed-confirm": Confirmation("depth-speed-confirm", 15, 20),
                  "depth-cs-speed-confirm-2": Confirmation("depth-cs-speed-confirm", 35, 40),
                  "uvit-ls-osc-confirm": Confirmation("uvit-confirm", MAIN_SEEDS["uvit"] + 48, 48),
-                 "depth-osc-confirm": Confirmation("depth-confirm", TRAINED["seeds"] + 20, 28)}
+                 "depth-osc-confirm": Confirmation("depth-confirm", TRAINED["seeds"] + 20, 28),
+                 "unet-flips-confirm": Confirmation("unet-confirm", MAIN_SEEDS["unet"] + 48, 60)}
 """The declared confirmations (power: of each test at the pilot's paired mean and SD, at level
 0.05 / the claims of its family, a lower bound for Holm's):
 
@@ -421,7 +422,14 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   (CS/none 1.48x, p = 0.023, SD 0.711 on the log scale): none vs CS (kappa = 0.5) with N = 8, full
   steps, on 28 fresh seeds after the pilot's (26-53), measured as its pilot. Declared after its
   pilot's result was seen, so a family of its own (chapter 8's): at the pilot's effect 80% power
-  and a decision 80%, at half of it 30%. About 6.3 core-hours here (56 runs of ~405 s)."""
+  and a decision 80%, at half of it 30%. About 6.3 core-hours here (56 runs of ~405 s).
+* ``unet-flips-confirm``: pilot ``unet-confirm``, whose chapter-4 row "CS reduces parameter
+  oscillation: m's sign flips" on the conv UNet it re-tests, undecided there (odds 1.03x, p = 0.21,
+  SD 0.107 on the logit scale by seed): none vs CS (kappa = 0.5), gentle regime, on 60 fresh seeds
+  after ``unet-fcd-confirm``'s (60-119), measured as its pilot. Declared after its pilot's result
+  was seen, so a family of its own (chapter 4's): at the pilot's effect 51% power and a decision
+  82%, mostly of *absent*; 86% at half the effect, 92% at none. About 9.8 core-hours here (120
+  runs of ~295 s)."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:
@@ -574,8 +582,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                       "(eta=0.5) (CS's runs are depth-confirm's)",
                       _at_depths("uvit", (METHODS[2], ("block-output (eta=0.5)", "block-output", 0.5)), (8,)),
                       **{**TRAINED, "fd_points": 0}),
-        _confirmation("unet-confirm", "conv UNet, gentle regime: none vs CS (kappa=0.5)",
-                      _methods("unet", methods=(METHODS[0], METHODS[2])), end_probes=False),
+        *(_confirmation(name, "conv UNet, gentle regime: none vs CS (kappa=0.5)",
+                        _methods("unet", methods=(METHODS[0], METHODS[2])), end_probes=False)
+          for name in ("unet-confirm", "unet-flips-confirm")),
         _confirmation("uvit-confirm", "U-ViT, gentle regime: none vs 1/sqrt(2)-CS vs CS vs LS",
                       _methods("uvit", "gentle"), end_probes=False),
         _confirmation("uvit-ls-osc-confirm", "U-ViT, gentle regime: none vs LS (its feature oscillation)",

@@ -985,6 +985,21 @@ def test_depth_osc_confirms_declared_power_and_decision_chances_hold_on_its_pilo
     assert [round(c, 2) for c in chances] == [0.80, 0.30]
 
 
+def test_unet_flips_confirms_declared_power_and_decision_chances_hold_on_its_pilot():
+    """experiments.CONFIRMATIONS states unet-flips-confirm's power and chances of a decision on its
+    pilot, unet-confirm's conv UNet row of the sign flips of Adam's m (chapter 4)."""
+    from scalelong_edu.stats import decision_chance
+
+    pilot = evidence.landed("unet-confirm", "cpu", measure=evidence.adam_table)
+    test = compare(pilot, "m_sign_flip", "CS (kappa=0.5)", share=True)
+    assert (round(math.exp(test.estimate), 2), round(test.p, 2), round(test.sd, 3)) == (1.03, 0.21, 0.107)
+    assert round(evidence.confirmation_power("unet-flips-confirm", pilot, "m_sign_flip", "CS (kappa=0.5)",
+                                             tests=1, share=True), 2) == 0.51
+    fresh = CONFIRMATIONS["unet-flips-confirm"].fresh
+    chances = [decision_chance(e, test.sd, fresh, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0)]
+    assert [round(c, 2) for c in chances] == [0.82, 0.86, 0.92]
+
+
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():
     """experiments.CONFIRMATIONS states, for unet-fcd-confirm, each row's power and (where a row
     leans to absent) its chance of a decision, and the decided rows expected at the pilot's effects
