@@ -50,7 +50,8 @@ def test_gpu_evidence_sizes_the_gpu_comparison_by_its_options():
 
 def test_t4_estimate_reads_each_chapters_experiments_from_its_notebook():
     chapters = _script("t4_estimate").chapter_experiments
-    assert chapters(4) == ("main-uvit", "main-unet", "unet-confirm", "uvit-confirm", "unet-fcd-confirm")  # f"main-{b}"
+    assert chapters(4) == ("main-uvit", "main-unet", "unet-confirm", "unet-flips-confirm", "uvit-confirm",
+                           "unet-fcd-confirm")  # f"main-{b}"
     assert chapters(2) == ("unet-gentle",)  # "block-output" there is a method, in a cell that loads nothing
     assert {"depth-trained", "kappa-trained", "block-output-trained", "block-output"} <= set(chapters(8))
     assert chapters(1) == ("live-ddpm",)
