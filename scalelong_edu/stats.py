@@ -245,14 +245,11 @@ def paired_power(effect_size: float, pairs: int, alpha: float = ALPHA) -> float:
     return float(stats.nct.sf(critical, df, shift) + stats.nct.sf(critical, df, -shift))
 
 
-def decision_chance(mean: float, sd: float, pairs: int, margin: float, alpha: float = ALPHA, draws: int = 20_000,
-                    seed: int = 0) -> float:
-    """The chance that :func:`paired_test` on ``pairs`` pairs decides a claim, when the paired
-    differences are normal with this ``mean`` and ``sd``: that its t-test is significant at level
-    ``alpha`` (e.g. ``ALPHA / k`` in a Holm family of ``k``, a lower bound), or that its 95% interval
-    lies inside ``(-margin, margin)`` (*absent*, :data:`VERDICTS`). :func:`paired_power` counts the
-    first only; a confirmation of a claim that leans to *absent* is sized by both. Estimated from
-    ``draws`` simulated experiments (standard error at most ``0.5 / sqrt(draws)``)."""
+def _simulated_decisions(mean: float, sd: float, pairs: int, margin: float, alpha: float, draws: int,
+                         seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """For ``draws`` simulated experiments of ``pairs`` normal paired differences (``mean``,
+    ``sd``): whether :func:`paired_test`'s t-test is significant at level ``alpha``, and whether
+    its 95% interval lies inside ``(-margin, margin)``."""
     import numpy as np
     from scipy import stats
 
@@ -262,8 +259,28 @@ def decision_chance(mean: float, sd: float, pairs: int, margin: float, alpha: fl
     centre, se = diff.mean(axis=1), diff.std(axis=1, ddof=1) / math.sqrt(pairs)
     significant = np.abs(centre) / se > stats.t.isf(alpha / 2, pairs - 1)
     half = stats.t.isf(ALPHA / 2, pairs - 1) * se
-    inside = (centre - half > -margin) & (centre + half < margin)
+    return significant, (centre - half > -margin) & (centre + half < margin)
+
+
+def decision_chance(mean: float, sd: float, pairs: int, margin: float, alpha: float = ALPHA, draws: int = 20_000,
+                    seed: int = 0) -> float:
+    """The chance that :func:`paired_test` on ``pairs`` pairs decides a claim, when the paired
+    differences are normal with this ``mean`` and ``sd``: that its t-test is significant at level
+    ``alpha`` (e.g. ``ALPHA / k`` in a Holm family of ``k``, a lower bound), or that its 95% interval
+    lies inside ``(-margin, margin)`` (*absent*, :data:`VERDICTS`). :func:`paired_power` counts the
+    first only, :func:`absent_chance` the second alone; a confirmation of a claim that leans to
+    *absent* is sized by both. Estimated from ``draws`` simulated experiments (standard error at
+    most ``0.5 / sqrt(draws)``)."""
+    significant, inside = _simulated_decisions(mean, sd, pairs, margin, alpha, draws, seed)
     return float((significant | inside).mean())
+
+
+def absent_chance(mean: float, sd: float, pairs: int, margin: float, alpha: float = ALPHA, draws: int = 20_000,
+                  seed: int = 0) -> float:
+    """The part of :func:`decision_chance` (same arguments, same draws) that is a verdict of
+    *absent*: the 95% interval inside ``(-margin, margin)`` and the t-test not significant."""
+    significant, inside = _simulated_decisions(mean, sd, pairs, margin, alpha, draws, seed)
+    return float((inside & ~significant).mean())
 
 
 def seeds_needed(sd: float, margin: float) -> int:
@@ -586,5 +603,5 @@ def holm(tests: Sequence[PairedTest | RateTest | TrendTest]) -> list[PairedTest 
 
 
 __all__ = ["ALPHA", "POWER", "VERDICTS", "MeanSE", "Oscillation", "PairedTest", "RateTest", "TrendTest",
-           "decision_chance", "detrended", "holm", "mcnemar_pairs_needed", "mean_se", "oscillation", "over_seeds",
-           "paired_power", "paired_rates", "paired_test", "seeds_needed", "trend_test"]
+           "absent_chance", "decision_chance", "detrended", "holm", "mcnemar_pairs_needed", "mean_se", "oscillation",
+           "over_seeds", "paired_power", "paired_rates", "paired_test", "seeds_needed", "trend_test"]

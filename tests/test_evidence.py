@@ -33,7 +33,7 @@ from scalelong_edu.evidence import (
 )
 from scalelong_edu.experiments import CONFIRMATIONS, ExperimentResult
 from scalelong_edu.probes import COLUMNS
-from scalelong_edu.stats import decision_chance, mean_se, oscillation, paired_power, paired_test
+from scalelong_edu.stats import absent_chance, decision_chance, mean_se, oscillation, paired_power, paired_test
 from scalelong_edu.theory import robustness_factor
 
 LN2 = math.log(2)
@@ -940,6 +940,11 @@ def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_s
                  2) == 0.52
     chances = [decision_chance(e, test.sd, 12, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
     assert [round(c, 2) for c in chances] == [0.58, 0.44]
+    absent = [absent_chance(e, test.sd, 12, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
+    assert [round(c, 2) for c in absent] == [0.07, 0.27]
+    tested_with_cs_and_ls = [f(test.estimate, test.sd, 12, math.log1p(0.05), ALPHA / 2)
+                             for f in (decision_chance, absent_chance)]  # at depth-speed-confirm's level
+    assert [round(c, 2) for c in tested_with_cs_and_ls] == [0.46, 0.07]
     speed = pilot("depth-speed-confirm")  # depth-cs-speed-confirm's pilot: its CS row, undecided
     test = compare(speed, "loss", "CS (kappa=0.5)")
     assert (round(test.p, 3), round(test.sd, 3)) == (0.050, 0.077)
@@ -954,6 +959,8 @@ def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_s
                  2) == 0.53
     chances = [decision_chance(e, test.sd, 40, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0.0)]
     assert [round(c, 2) for c in chances] == [0.65, 0.58, 0.66]
+    absent = [absent_chance(e, test.sd, 40, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0.0)]
+    assert [round(c, 2) for c in absent] == [0.12, 0.41, 0.61]
 
 
 def test_uvit_ls_osc_confirms_declared_power_and_decision_chances_hold_on_its_pilot():
@@ -998,6 +1005,8 @@ def test_unet_flips_confirms_declared_power_and_decision_chances_hold_on_its_pil
     fresh = CONFIRMATIONS["unet-flips-confirm"].fresh
     chances = [decision_chance(e, test.sd, fresh, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0)]
     assert [round(c, 2) for c in chances] == [0.82, 0.86, 0.92]
+    absent = [absent_chance(e, test.sd, fresh, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2, 0)]
+    assert [round(c, 2) for c in absent] == [0.31, 0.69, 0.87]
 
 
 def test_unet_fcd_confirms_declared_powers_and_decision_chances_hold_on_its_pilot():

@@ -10,6 +10,7 @@ import numpy as np
 from scalelong_edu.stats import (
     VERDICTS,
     MeanSE,
+    absent_chance,
     decision_chance,
     holm,
     mcnemar_pairs_needed,
@@ -363,6 +364,9 @@ def test_decision_chance_is_the_share_of_experiments_paired_test_decides():
         verdicts = [paired_test(np.zeros(24), rng.normal(mean, 0.09, 24), margin).verdict for _ in range(600)]
         decided = 1 - verdicts.count("undecided") / len(verdicts)  # SE at most 0.02
         assert abs(decided - decision_chance(mean, 0.09, 24, margin)) < 0.07, mean
+        absent = verdicts.count("absent") / len(verdicts)
+        assert abs(absent - absent_chance(mean, 0.09, 24, margin)) < 0.07, mean
+    assert absent_chance(0.0, 0.09, 24, margin) > 0.4 > absent_chance(0.05, 0.09, 24, margin)  # as labelled above
     tiny = 1e-6  # no interval fits inside: only significance decides, as paired_power counts it
     assert decision_chance(0.7, 1.0, 16, tiny, alpha=0.025) == pytest.approx(paired_power(0.7, 16, 0.025), abs=0.02)
     with pytest.raises(ValueError, match="sd > 0"):
