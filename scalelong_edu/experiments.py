@@ -386,7 +386,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   a method, each depth one pair as in the pilot's test: 70% and 56%. Changed to the seed before any
   fresh result was looked at, with 17 of its 144 runs landed, because those pairs are not
   independent.) 1/sqrt(2)-CS was left out at the first declaration (0.96x, a decision 20% by
-  (N, seed) pairs); by seed its chance is 46%, 7% of it *absent*.
+  (N, seed) pairs); by seed, at the family's level 0.025, its chance is 46% (7% *absent*, the
+  rest a significant difference).
 * ``depth-unet-speed-confirm``: pilot ``depth-unet`` (three seeds), none vs 1/sqrt(2)-CS vs LS at
   N = 2, 4, 6, 8, 12 fresh seeds (3-14), measured and tested as ``depth-speed-confirm``. Chapter
   8's family of two, the conv UNet's early speed, whose pilot rows were *reproduced* until they
@@ -398,7 +399,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   8 on ``depth-speed-confirm``'s 12 fresh seeds (3-14), whose unscaled runs it reuses. Declared
   after that confirmation's result was seen (CS 1.05x and LS 1.12x no scaling's loss on these
   seeds), so it is a family of its own (chapter 8's): the pilot's 0.96x, SD 0.061, gives 52%
-  power and a decision 58%, 7% of it *absent* (at half the effect 44%, 27% *absent*).
+  power and a decision 58% (7% *absent*, the rest a significant difference); at half the effect
+  44% (27% *absent*).
 * ``depth-cs-speed-confirm``: pilot ``depth-speed-confirm``, whose CS (kappa = 0.5) row it
   re-tests, undecided there (1.05x no scaling's loss, p = 0.050, SD 0.077 on the log scale by
   seed): none vs CS at N = 2, 4, 6, 8 on 20 fresh seeds (15-34), measured and tested as its pilot.
@@ -408,9 +410,9 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   undecided there and leaning the other way from its own pilot (0.97x no scaling's loss, p = 0.16,
   SD 0.107 on the log scale by seed, after 1.05x on ``depth-speed-confirm``'s seeds): none vs CS
   (kappa = 0.5) at N = 2, 4, 6, 8 on 40 fresh seeds (35-74), measured and tested as its pilot, a
-  family of its own (chapter 8's). At its pilot's effect 53% power and a decision 65%, 12% of it
-  *absent*; 58% at half the effect (41% *absent*), 66% at none (61%). Every set of seeds stays in the chapter beside
-  it. About 6 core-hours here (320 runs of ~70 s).
+  family of its own (chapter 8's). At its pilot's effect 53% power and a decision 65% (12%
+  *absent*, the rest a significant difference); 58% at half the effect (41% *absent*), 66% at
+  none (61%). Every set of seeds stays in the chapter beside it. About 6 core-hours here (320 runs of ~70 s).
 * ``uvit-ls-osc-confirm``: pilot ``uvit-confirm``, whose chapter-7 row "LS makes the features
   oscillate less" it re-tests, undecided there and leaning against the paper (LS/none 1.13x,
   p = 0.053, SD 0.294 on the log scale): none vs LS in the gentle regime on 48 fresh seeds after
@@ -428,8 +430,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   SD 0.107 on the logit scale by seed): none vs CS (kappa = 0.5), gentle regime, on 60 fresh seeds
   after ``unet-fcd-confirm``'s (60-119), measured as its pilot. Declared after its pilot's result
   was seen, so a family of its own (chapter 4's): at the pilot's effect 51% power and a decision
-  82%, 31% of it *absent*; 86% at half the effect (69% *absent*), 92% at none (87%). About 9.8 core-hours here (120
-  runs of ~295 s)."""
+  82% (31% *absent*, the rest a significant difference); 86% at half the effect (69% *absent*),
+  92% at none (87%). About 9.8 core-hours here (120 runs of ~295 s)."""
 
 
 def depth_overrides(backbone: str, n: int) -> tuple[tuple[str, Any], ...]:

@@ -942,9 +942,9 @@ def test_the_later_speed_confirmations_declared_powers_hold_on_their_pilots_by_s
     assert [round(c, 2) for c in chances] == [0.58, 0.44]
     absent = [absent_chance(e, test.sd, 12, math.log1p(0.05)) for e in (test.estimate, test.estimate / 2)]
     assert [round(c, 2) for c in absent] == [0.07, 0.27]
-    tested_with_cs_and_ls = [f(test.estimate, test.sd, 12, math.log1p(0.05), ALPHA / 2)
-                             for f in (decision_chance, absent_chance)]  # at depth-speed-confirm's level
-    assert [round(c, 2) for c in tested_with_cs_and_ls] == [0.46, 0.07]
+    at_half_alpha = [f(test.estimate, test.sd, 12, math.log1p(0.05), ALPHA / 2)
+                     for f in (decision_chance, absent_chance)]  # depth-speed-confirm's family level
+    assert [round(c, 2) for c in at_half_alpha] == [0.46, 0.07]
     speed = pilot("depth-speed-confirm")  # depth-cs-speed-confirm's pilot: its CS row, undecided
     test = compare(speed, "loss", "CS (kappa=0.5)")
     assert (round(test.p, 3), round(test.sd, 3)) == (0.050, 0.077)
