@@ -574,8 +574,8 @@ def early_speed_claims(name: str, papers: Mapping[str, str], chapter: int = 8) -
     share its batches, t and noise), on the fresh seeds finished so far (:func:`paired_claim`), in a
     Holm family of their own. ``papers`` maps each of the confirmation's methods (all of them: the
     family's correction depends on its size) to the pilot's claim, which :func:`confirmed` notes.
-    A chapter that quotes another's confirmation decides the whole
-    family again (:func:`scalelong_edu.ledger.decide`)."""
+    A chapter that quotes another's confirmation decides the whole family again
+    (:func:`scalelong_edu.ledger.decide`)."""
     from .experiments import CONFIRMATIONS, DEPTHS, get_experiment
     from .plotting import pretty
 

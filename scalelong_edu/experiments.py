@@ -412,7 +412,8 @@ CONFIRMATIONS = {"stability-confirm": Confirmation("stability-deep", BREAKDOWN_S
   (kappa = 0.5) at N = 2, 4, 6, 8 on 40 fresh seeds (35-74), measured and tested as its pilot, a
   family of its own (chapter 8's). At its pilot's effect 53% power and a decision 65% (12%
   *absent*, the rest a significant difference); 58% at half the effect (41% *absent*), 66% at
-  none (61%). Every set of seeds stays in the chapter beside it. About 6 core-hours here (320 runs of ~70 s).
+  none (61%). Every set of seeds stays in the chapter beside it. About 6 core-hours here (320
+  runs of ~70 s).
 * ``uvit-ls-osc-confirm``: pilot ``uvit-confirm``, whose chapter-7 row "LS makes the features
   oscillate less" it re-tests, undecided there and leaning against the paper (LS/none 1.13x,
   p = 0.053, SD 0.294 on the log scale): none vs LS in the gentle regime on 48 fresh seeds after

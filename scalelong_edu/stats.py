@@ -268,9 +268,9 @@ def decision_chance(mean: float, sd: float, pairs: int, margin: float, alpha: fl
     differences are normal with this ``mean`` and ``sd``: that its t-test is significant at level
     ``alpha`` (e.g. ``ALPHA / k`` in a Holm family of ``k``, a lower bound), or that its 95% interval
     lies inside ``(-margin, margin)`` (*absent*, :data:`VERDICTS`). :func:`paired_power` counts the
-    first only, :func:`absent_chance` the second where the first fails; a confirmation of a claim that leans to
-    *absent* is sized by both. Estimated from ``draws`` simulated experiments (standard error at
-    most ``0.5 / sqrt(draws)``)."""
+    first only, :func:`absent_chance` the second where the first fails; a confirmation of a claim
+    that leans to *absent* is sized by both. Estimated from ``draws`` simulated experiments
+    (standard error at most ``0.5 / sqrt(draws)``)."""
     significant, inside = _simulated_decisions(mean, sd, pairs, margin, alpha, draws, seed)
     return float((significant | inside).mean())
 
