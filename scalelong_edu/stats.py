@@ -482,6 +482,17 @@ def rates_decision_chance(pairs: int, baseline_events: int, treatment: float, ma
     return float(chance[significant | absent].sum())
 
 
+def fresh_rates_decision_chance(pairs: int, baseline: float, treatment: float, margin: float,
+                                alpha: float = ALPHA) -> float:
+    """:func:`rates_decision_chance` when the baseline's runs are to be trained too, each having the
+    event independently with probability ``baseline``: averaged over the binomial number of the
+    baseline's events. For sizing a confirmation that trains both arms on fresh seeds."""
+    from scipy.stats import binom
+
+    _check_probabilities(baseline=baseline)
+    return float(sum(binom.pmf(k, pairs, baseline) * rates_decision_chance(pairs, k, treatment, margin, alpha)
+                     for k in range(pairs + 1)))
+
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
                  direction: str = "less") -> RateTest:
     """Compare how often an event (a breakdown) happens, run by run: ``baseline[k]`` and

@@ -33,10 +33,10 @@ NAMES = ["uvit-gentle", "uvit-stress", "unet-gentle", "unet-stress", "main-uvit"
          "depth-uvit", "depth-unet", "kappa-grid", "block-output", "live-ddpm", "live-unet", "live-uvit", "live-ls",
          "live-depth", "depth-trained", "kappa-trained", "block-output-trained", "long-uvit", "stability-map",
          "stability-deep", "stability-confirm", "breakdown-confirm", "breakdown-scaled-confirm",
-         "block-output-confirm", "unet-confirm", "unet-flips-confirm", "uvit-confirm", "uvit-ls-osc-confirm",
-         "ls-confirm", "depth-confirm", "depth-osc-confirm", "depth-speed-confirm", "depth-unet-speed-confirm",
-         "depth-sqrt2-speed-confirm", "depth-cs-speed-confirm", "depth-cs-speed-confirm-2", "unet-fcd-confirm",
-         "uvit-fcd-confirm"]
+         "breakdown-sqrt2-confirm", "block-output-confirm", "unet-confirm", "unet-flips-confirm", "uvit-confirm",
+         "uvit-ls-osc-confirm", "ls-confirm", "depth-confirm", "depth-osc-confirm", "depth-speed-confirm",
+         "depth-unet-speed-confirm", "depth-sqrt2-speed-confirm", "depth-cs-speed-confirm", "depth-cs-speed-confirm-2",
+         "unet-fcd-confirm", "uvit-fcd-confirm"]
 
 
 @pytest.fixture(autouse=True)

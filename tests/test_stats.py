@@ -12,6 +12,7 @@ from scalelong_edu.stats import (
     MeanSE,
     absent_chance,
     decision_chance,
+    fresh_rates_decision_chance,
     holm,
     mcnemar_pairs_needed,
     mcnemar_power,
@@ -343,6 +344,20 @@ def test_rates_decision_chance_is_the_share_of_experiments_paired_rates_decides(
     with pytest.raises(ValueError, match="treatment"):
         rates_decision_chance(24, 1, 5.0, 0.25)  # a percentage where a probability belongs
 
+
+def test_fresh_rates_decision_chance_is_the_share_of_experiments_paired_rates_decides():
+    """A known answer with both arms drawn, each experiment decided by paired_rates' own verdict;
+    and the chances breakdown-sqrt2-confirm was declared with."""
+    rng = np.random.default_rng(6)
+    for pairs, base, rate in ((40, 0.05, 0.05), (40, 0.1, 0.3), (24, 0.5, 0.5)):
+        decided = np.mean([paired_rates(rng.random(pairs) < base, rng.random(pairs) < rate, 0.25).verdict
+                           != "undecided" for _ in range(1500)])  # SE at most 0.013
+        assert abs(decided - fresh_rates_decision_chance(pairs, base, rate, 0.25)) < 0.05, (base, rate)
+    assert fresh_rates_decision_chance(24, 0.0, 0.0, 0.25) == 1.0  # no run ever breaks down: absent
+    declared = [round(fresh_rates_decision_chance(60, 1 / 24, rate, 0.25), 2) for rate in (2 / 24, 0.15)]
+    assert declared == [0.97, 0.79]
+    with pytest.raises(ValueError, match="baseline"):
+        fresh_rates_decision_chance(24, 2.0, 0.1, 0.25)
 
 def test_paired_power_matches_the_paired_t_test_it_sizes():
     from scipy.stats import ttest_1samp
