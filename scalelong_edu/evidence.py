@@ -32,8 +32,9 @@ from torch import Tensor
 
 from .diffusion import DiscreteSchedule, q_sample
 from .profiles import PROFILES
-from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, exact_interval, mean_se, oscillation,
-                    paired_rates, paired_test, rates_power, trend_test)
+from .stats import (VERDICTS, MeanSE, PairedTest, RateTest, TrendTest, detrended, exact_interval,
+                    fresh_rates_decision_chance, mean_se, oscillation, paired_rates, paired_test, rates_power,
+                    trend_test)
 from .theory import expected_xt_sq_ratio, robustness_factor
 
 if TYPE_CHECKING:
@@ -81,6 +82,10 @@ BREAKDOWN_LOSS = 0.5
 its own ``breakdown_loss``). Predicting zero noise scores ``E||eps||^2 / m = 1``; a model above 0.5
 explains less than half of the noise it must predict, while every gentle run of the book ends
 below 0.36."""
+BREAKDOWN_MARGIN = 0.25
+"""The margin declared with every breakdown claim: a difference in breakdown rate under 25
+percentage points would not matter, and a rate is *absent* when both arms' exact upper bounds lie
+below it (:class:`scalelong_edu.stats.RateTest`)."""
 FIG1 = ("level", "growth", "peak", "range", "range_late", "detrended")
 """The per-run statistics of a norm's trajectory (:func:`trajectory`), paper Fig. 1's quantities."""
 
@@ -427,8 +432,8 @@ def breakdown_rates(table: pd.DataFrame) -> pd.DataFrame:
     return counts.assign(rate=counts.broke / counts.runs, lo=[b[0] for b in bounds], hi=[b[1] for b in bounds])
 
 
-def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "none", *, margin: float = 0.25,
-                       direction: str = "less", **where: object) -> RateTest:
+def compare_breakdowns(table: pd.DataFrame, treatment: str, baseline: str = "none", *,
+                       margin: float = BREAKDOWN_MARGIN, direction: str = "less", **where: object) -> RateTest:
     """Claim "``treatment`` breaks down less often than ``baseline``" (``broke_down`` of
     :func:`run_table`), on runs paired by seed and setting: an exact McNemar test
     (:func:`scalelong_edu.stats.paired_rates`). ``where`` may span several settings (e.g. every
@@ -537,7 +542,8 @@ def interaction_claim(chapter: int, paper: str, table: pd.DataFrame, column: str
 
 
 def breakdown_claim(chapter: int, paper: str, table: pd.DataFrame, treatment: str, planned: int, *,
-                    baseline: str = "none", margin: float = 0.25, family: str = "", **where: object) -> Claim:
+                    baseline: str = "none", margin: float = BREAKDOWN_MARGIN, family: str = "",
+                    **where: object) -> Claim:
     """The claims-table line of "``treatment`` breaks down less often than ``baseline``"
     (:func:`compare_breakdowns`, exact McNemar) on the seeds both arms have finished out of the
     ``planned`` ones, *undecided* until all have landed; in the Holm ``family`` given
@@ -599,8 +605,10 @@ class ConfirmationRuns:
         name, treatment, baseline: the experiment and the two arms' method labels.
         seeds: the declared fresh seeds; ``fresh``: :func:`run_table` of those both arms have
             finished so far (:func:`complete_seeds`; the pilot's columns and no rows before any has).
+        pilot_rates: the pilot's breakdown rate per arm (:func:`breakdown_rates`; empty if it has no runs).
         power: the exact McNemar test's power on ``len(seeds)`` pairs at the pilot's rates;
-            ``cautious_power`` if the treatment breaks down at the declaration's ``cautious`` rate.
+            ``cautious_power`` if the treatment breaks down at the declaration's ``cautious`` rate
+            (NaN where the pilot has no runs of an arm).
     """
 
     name: str
@@ -608,9 +616,21 @@ class ConfirmationRuns:
     baseline: str
     seeds: range
     fresh: pd.DataFrame
+    pilot_rates: pd.Series
     power: float
     cautious: float
     cautious_power: float
+
+    def decision_chance(self, treated: float | None = None) -> float:
+        """The chance that its test decides the claim when both arms are trained on the fresh seeds
+        (:func:`scalelong_edu.stats.fresh_rates_decision_chance`), the baseline breaking down at the
+        pilot's rate and the treatment at ``treated`` (by default the pilot's rate); NaN where the
+        pilot has no runs of an arm."""
+        treated = self.pilot_rates.get(self.treatment, math.nan) if treated is None else treated
+        if math.isnan(treated) or self.baseline not in self.pilot_rates:
+            return math.nan
+        return fresh_rates_decision_chance(len(self.seeds), self.pilot_rates[self.baseline], treated,
+                                           BREAKDOWN_MARGIN)
 
     def rates(self) -> pd.DataFrame:
         """:func:`breakdown_rates` of the fresh seeds finished so far (no rows before any has)."""
@@ -644,7 +664,7 @@ def confirmations(name: str, pilot: pd.DataFrame, treatments: Iterable[str], bas
     """The declared confirmation ``name`` of the breakdown rates in ``pilot`` (:func:`run_table` of
     its pilot experiment), each of ``treatments`` against ``baseline``, keyed by treatment: its fresh
     seeds landed so far (read once for all arms), and the power its declaration gives at the pilot's
-    rates (:func:`scalelong_edu.stats.rates_power`)."""
+    rates (:func:`scalelong_edu.stats.rates_power`; NaN where the pilot has no runs of an arm)."""
     from .experiments import CONFIRMATIONS
 
     declared = CONFIRMATIONS[name]
@@ -653,8 +673,12 @@ def confirmations(name: str, pilot: pd.DataFrame, treatments: Iterable[str], bas
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
     if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
         fresh = pilot.iloc[:0]
-    return {t: ConfirmationRuns(name, t, baseline, seeds, fresh, rates_power(declared.fresh, rate[baseline], rate[t]),
-                                declared.cautious, rates_power(declared.fresh, rate[baseline], declared.cautious))
+
+    def power(treated: float) -> float:
+        return rates_power(declared.fresh, rate[baseline], treated) if baseline in rate else math.nan
+
+    return {t: ConfirmationRuns(name, t, baseline, seeds, fresh, rate, power(rate.get(t, math.nan)), declared.cautious,
+                                power(declared.cautious))
             for t in treatments}
 
 
@@ -1132,13 +1156,13 @@ def fitted_kappas(result: ExperimentResult, labels: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)[["label", "seed", "kappa", "level", "r2"]]
 
 
-__all__ = ["BREAKDOWN_LOSS", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS", "ConfirmationRuns",
-           "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale", "by_method",
-           "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power", "confirmations",
-           "confident_samples", "curves_by_backbone", "early_speed_claims", "fd_curves", "feature_constants",
-           "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit", "gradient_constants",
-           "interaction_claim", "join_baseline", "landed", "landing_claim", "method_of", "output_constants",
-           "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table", "seed_means", "seed_ratios",
-           "seeds_landed", "select", "speed_curves", "speed_target", "speedup", "speedup_claim", "speedup_verdict",
-           "spread_by", "steps_to_reach", "steps_to_target", "stress_scale", "trajectories", "trajectory", "trend",
-           "xt_norm_ratio"]
+__all__ = ["BREAKDOWN_LOSS", "BREAKDOWN_MARGIN", "FIG1", "LATE", "SPEED_AT", "SPEED_QUANTITIES", "SPIKE", "VERDICTS",
+           "ConfirmationRuns", "MethodSummary", "adam_table", "breakdown_claim", "breakdown_rates", "breakdown_scale",
+           "by_method", "compare", "compare_breakdowns", "complete_seeds", "confirmation", "confirmation_power",
+           "confirmations", "confident_samples", "curves_by_backbone", "early_speed_claims", "fd_curves",
+           "feature_constants", "feature_ranges", "features", "fig1_paths", "fitted_kappas", "geometric_fit",
+           "gradient_constants", "interaction_claim", "join_baseline", "landed", "landing_claim", "method_of",
+           "output_constants", "paired_claim", "rate_text", "ratio_text", "robustness_table", "run_table",
+           "seed_means", "seed_ratios", "seeds_landed", "select", "speed_curves", "speed_target", "speedup",
+           "speedup_claim", "speedup_verdict", "spread_by", "steps_to_reach", "steps_to_target", "stress_scale",
+           "trajectories", "trajectory", "trend", "xt_norm_ratio"]

@@ -493,6 +493,7 @@ def fresh_rates_decision_chance(pairs: int, baseline: float, treatment: float, m
     return float(sum(binom.pmf(k, pairs, baseline) * rates_decision_chance(pairs, k, treatment, margin, alpha)
                      for k in range(pairs + 1)))
 
+
 def paired_rates(baseline: Sequence[bool], treatment: Sequence[bool], margin: float,
                  direction: str = "less") -> RateTest:
     """Compare how often an event (a breakdown) happens, run by run: ``baseline[k]`` and

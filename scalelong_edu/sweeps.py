@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .evidence import BREAKDOWN_LOSS, MethodSummary, by_method, compare, join_baseline, select
+from .evidence import BREAKDOWN_LOSS, BREAKDOWN_MARGIN, MethodSummary, by_method, compare, join_baseline, select
 from .models import PRESETS
 from .scaling import path_factors
 from .stats import RateTest, mean_se, paired_rates
@@ -216,7 +216,7 @@ def stability_map(table: pd.DataFrame, limit: float = BREAKDOWN_LOSS,
 
 
 def stability_verdict(table: pd.DataFrame, method: str, baseline: str = "none", limit: float = BREAKDOWN_LOSS,
-                      osc_limit: pd.Series | None = None, margin: float = 0.25) -> tuple[str, RateTest]:
+                      osc_limit: pd.Series | None = None, margin: float = BREAKDOWN_MARGIN) -> tuple[str, RateTest]:
     """Whether ``method`` is :func:`unstable` less often than ``baseline`` over the runs of
     ``table``, each (depth, learning rate, seed) one pair: the exact McNemar test of
     :func:`scalelong_edu.stats.paired_rates` (a rate above ``margin`` would matter). Returns the

@@ -503,6 +503,24 @@ def test_a_confirmation_tests_its_fresh_seeds_alone_in_its_own_family(monkeypatc
     assert (values["landed"], values["baseline"], values["verdict"]) == (0, "no run yet", "runs landing, verdict held")
 
 
+def test_a_confirmation_gives_its_chance_of_a_decision_and_nan_for_a_pilot_without_runs(monkeypatch):
+    """Sized at the pilot's rates (both arms trained on the fresh seeds), or at a rate given; a
+    pilot with no runs yet (a confirmation of a confirmation, under the ci profile) sizes nothing."""
+    import math
+
+    from scalelong_edu.stats import fresh_rates_decision_chance
+
+    pilot = _paired_table([(1.0, 0.5)] * 10, broke=range(4))  # none 4 of 10, CS 0 of 10
+    monkeypatch.setattr("scalelong_edu.experiments.finished_so_far", lambda name, profile=None: name)
+    monkeypatch.setattr(evidence, "run_table", lambda result: pilot.iloc[:0])  # nothing landed
+    confirm = evidence.confirmation("stability-confirm", pilot, "CS")
+    assert confirm.decision_chance() == fresh_rates_decision_chance(30, 0.4, 0.0, evidence.BREAKDOWN_MARGIN)
+    assert confirm.decision_chance(0.5) == fresh_rates_decision_chance(30, 0.4, 0.5, 0.25)
+    empty = evidence.confirmation("stability-confirm", pilot.iloc[:0], "CS")
+    assert math.isnan(empty.decision_chance()) and math.isnan(empty.decision_chance(0.5))
+    assert math.isnan(empty.power) and math.isnan(empty.cautious_power) and empty.fresh.empty
+
+
 def test_confirmations_read_the_fresh_runs_once_for_all_arms(monkeypatch):
     import pandas as pd
 
