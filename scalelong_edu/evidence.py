@@ -22,6 +22,7 @@ measurement implies (:func:`feature_constants`, :func:`gradient_constants`): a b
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -606,9 +607,10 @@ class ConfirmationRuns:
         seeds: the declared fresh seeds; ``fresh``: :func:`run_table` of those both arms have
             finished so far (:func:`complete_seeds`; the pilot's columns and no rows before any has).
         pilot_rates: the pilot's breakdown rate per arm (:func:`breakdown_rates`; empty if it has no runs).
-        power: the exact McNemar test's power on ``len(seeds)`` pairs at the pilot's rates;
-            ``cautious_power`` if the treatment breaks down at the declaration's ``cautious`` rate
-            (NaN where the pilot has no runs of an arm).
+        cautious: the declaration's other rate of the treatment's breakdowns.
+    Properties: ``power``, the exact McNemar test's power on ``len(seeds)`` pairs at the pilot's
+    rates (:func:`scalelong_edu.stats.rates_power`); ``cautious_power`` if the treatment breaks down
+    at the ``cautious`` rate; NaN where the pilot has no runs of an arm.
     """
 
     name: str
@@ -617,20 +619,30 @@ class ConfirmationRuns:
     seeds: range
     fresh: pd.DataFrame
     pilot_rates: pd.Series
-    power: float
     cautious: float
-    cautious_power: float
+
+    @property
+    def power(self) -> float:
+        return self._sized(rates_power)
+
+    @property
+    def cautious_power(self) -> float:
+        return self._sized(rates_power, self.cautious)
 
     def decision_chance(self, treated: float | None = None) -> float:
         """The chance that its test decides the claim when both arms are trained on the fresh seeds
         (:func:`scalelong_edu.stats.fresh_rates_decision_chance`), the baseline breaking down at the
         pilot's rate and the treatment at ``treated`` (by default the pilot's rate); NaN where the
         pilot has no runs of an arm."""
+        return self._sized(functools.partial(fresh_rates_decision_chance, margin=BREAKDOWN_MARGIN), treated)
+
+    def _sized(self, chance: Callable[[int, float, float], float], treated: float | None = None) -> float:
+        """``chance(pairs, baseline rate, treatment rate)`` on the fresh seeds at the pilot's rates,
+        the treatment's replaced by ``treated`` if given; NaN where the pilot has no runs of an arm."""
         treated = self.pilot_rates.get(self.treatment, math.nan) if treated is None else treated
         if math.isnan(treated) or self.baseline not in self.pilot_rates:
             return math.nan
-        return fresh_rates_decision_chance(len(self.seeds), self.pilot_rates[self.baseline], treated,
-                                           BREAKDOWN_MARGIN)
+        return chance(len(self.seeds), self.pilot_rates[self.baseline], treated)
 
     def rates(self) -> pd.DataFrame:
         """:func:`breakdown_rates` of the fresh seeds finished so far (no rows before any has)."""
@@ -669,17 +681,11 @@ def confirmations(name: str, pilot: pd.DataFrame, treatments: Iterable[str], bas
 
     declared = CONFIRMATIONS[name]
     seeds = range(declared.first, declared.first + declared.fresh)
-    rate = breakdown_rates(pilot).rate
+    rates = breakdown_rates(pilot).rate
     fresh = complete_seeds(landed(name, profile, seeds_from=seeds[0]))
     if fresh.empty:  # nothing has landed: no rows, but the pilot's columns, so it plots and counts as empty
         fresh = pilot.iloc[:0]
-
-    def power(treated: float) -> float:
-        return rates_power(declared.fresh, rate[baseline], treated) if baseline in rate else math.nan
-
-    return {t: ConfirmationRuns(name, t, baseline, seeds, fresh, rate, power(rate.get(t, math.nan)), declared.cautious,
-                                power(declared.cautious))
-            for t in treatments}
+    return {t: ConfirmationRuns(name, t, baseline, seeds, fresh, rates, declared.cautious) for t in treatments}
 
 
 def confirmation(name: str, pilot: pd.DataFrame, treatment: str, baseline: str = "none",

@@ -500,6 +500,15 @@ def _confirmation(name: str, what: str, runs: tuple[RunSpec, ...], **settings: A
                       **{**settings, "seeds": fresh, "first_seed": first})
 
 
+
+def _stress_confirmation(name: str, label: str, method: str, kappa: float) -> Experiment:
+    """The declared confirmation ``name`` of one scaled method (label, scaling, kappa) against no
+    scaling at the stress regime's learning rate, both arms on its fresh seeds."""
+    return _confirmation(name, f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs {label}",
+                         (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),
+                          RunSpec(label, "uvit", method, kappa, lr_scale=STRESS_SCALE)), **STRESS)
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
@@ -580,11 +589,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         _confirmation("stability-confirm", "U-ViT, N = 8, at 16x the gentle learning rate: none vs CS (kappa=0.5)",
                       tuple(r for r in _map_cells((8,), (16,)) if r.method in ("none", "cs")),
                       **{**SWEEP, "fd_points": 0}),
-        _confirmation("breakdown-confirm",
-                      f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs CS (kappa=0.5)",
-                      (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),
-                       RunSpec(METHODS[2][0], "uvit", METHODS[2][1], METHODS[2][2], lr_scale=STRESS_SCALE)),
-                      **STRESS),
+        _stress_confirmation("breakdown-confirm", *METHODS[2]),
         _confirmation("breakdown-scaled-confirm",
                       f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs 1/sqrt(2)-CS vs LS (none's runs "
                       "are breakdown-confirm's)",
@@ -592,11 +597,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                        *(RunSpec(label, "uvit", method, kappa, lr_scale=STRESS_SCALE)
                          for label, method, kappa in (METHODS[1], METHODS[3]))),
                       **STRESS),
-        _confirmation("breakdown-sqrt2-confirm",
-                      f"U-ViT, at {STRESS_SCALE}x the gentle learning rate: none vs 1/sqrt(2)-CS",
-                      (RunSpec("none", "uvit", lr_scale=STRESS_SCALE),
-                       RunSpec(METHODS[1][0], "uvit", METHODS[1][1], METHODS[1][2], lr_scale=STRESS_SCALE)),
-                      **STRESS),
+        _stress_confirmation("breakdown-sqrt2-confirm", *METHODS[1]),
         _confirmation("block-output-confirm", "U-ViT with N = 8, full steps: CS (kappa=0.5) vs block-output "
                       "(eta=0.5) (CS's runs are depth-confirm's)",
                       _at_depths("uvit", (METHODS[2], ("block-output (eta=0.5)", "block-output", 0.5)), (8,)),
